@@ -1,0 +1,71 @@
+"""Block Hadamard transform reference (the IHT of AdaHOP).
+
+The transform multiplies each block of ``block_size`` consecutive values along the last
+dimension by the normalised Sylvester Hadamard matrix ``H / sqrt(block_size)``, optionally after
+flipping signs with a ±1 vector ``D`` drawn from a seed. ``H`` is symmetric and orthonormal, so for
+two GEMM operands transformed along their shared inner dimension,
+``(A D H)(B D H)^T = A D H H^T D B^T = A B^T`` exactly: no inverse transform is needed.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+DEFAULT_HADAMARD_SIZE = 32
+
+
+def _check_block_size(block_size: int) -> None:
+    if block_size < 2 or block_size & (block_size - 1):
+        raise ValueError(f"Hadamard block size must be a power of two >= 2, got {block_size}")
+
+
+@functools.lru_cache(maxsize=16)
+def _sylvester(block_size: int) -> torch.Tensor:
+    h = torch.ones(1, 1, dtype=torch.float64)
+    while h.shape[0] < block_size:
+        h = torch.cat((torch.cat((h, h), 1), torch.cat((h, -h), 1)), 0)
+    return h
+
+
+def hadamard_matrix(
+    block_size: int = DEFAULT_HADAMARD_SIZE,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """The normalised Sylvester Hadamard matrix ``(block_size, block_size)``: ``H @ H.T = I``."""
+    _check_block_size(block_size)
+    return (_sylvester(block_size) / block_size**0.5).to(dtype=dtype, device=device)
+
+
+def random_signs(
+    n: int, seed: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A deterministic ±1 vector of length ``n`` drawn from ``seed`` (same on every device)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    bits = torch.randint(0, 2, (n,), generator=gen)
+    return (1 - 2 * bits).to(dtype=dtype, device=device)
+
+
+def block_hadamard_ref(
+    x: torch.Tensor,
+    block_size: int = DEFAULT_HADAMARD_SIZE,
+    signs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Transform ``x (..., K)`` blockwise along the last dimension, in fp64, returning fp64.
+
+    ``signs`` (``(K,)`` of ±1) multiplies ``x`` before the transform. ``K`` must be a multiple of
+    ``block_size``. Equivalent to ``(x * signs).reshape(..., K // b, b) @ H_b``.
+    """
+    _check_block_size(block_size)
+    k = x.shape[-1]
+    if k % block_size:
+        raise ValueError(f"last dimension {k} is not a multiple of the Hadamard block size {block_size}")
+    xd = x.double()
+    if signs is not None:
+        if signs.shape != (k,):
+            raise ValueError(f"signs must have shape ({k},), got {tuple(signs.shape)}")
+        xd = xd * signs.to(device=x.device, dtype=torch.float64)
+    h = hadamard_matrix(block_size, torch.float64, x.device)
+    return (xd.reshape(*x.shape[:-1], k // block_size, block_size) @ h).reshape(x.shape)

@@ -1,0 +1,144 @@
+"""Results files: one convention for every stage.
+
+Every result is a JSON object ``{"provenance": {...}, "records": [...]}``. The provenance holds
+the git commit and dirty flag, library versions, the device, the resolved config, the seed and
+the date. Writes are atomic (temp file + rename), and a rerun never silently replaces a file
+written for a different configuration: that needs ``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _version(module: str) -> str | None:
+    try:
+        return __import__(module).__version__
+    except Exception:  # an optional library that is absent or broken is recorded as None
+        return None
+
+
+def device_description(device: torch.device | str | None = None) -> dict[str, Any]:
+    """Name and capability of the device results were measured on."""
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    )
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return {
+            "type": "cuda",
+            "name": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "count": torch.cuda.device_count(),
+            "memory_gib": round(props.total_memory / 2**30, 1),
+        }
+    return {"type": device.type, "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
+
+
+def provenance(
+    config: dict[str, Any] | None = None,
+    seed: int | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, Any]:
+    """The provenance object stamped on every results file."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "git_commit": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "python": platform.python_version(),
+        "versions": {
+            "torch": torch.__version__,
+            "triton": _version("triton"),
+            "cuda": torch.version.cuda,
+            "transformers": _version("transformers"),
+            "lm_eval": _version("lm_eval"),
+        },
+        "device": device_description(device),
+        "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET") if k in os.environ},
+        "config": config or {},
+        "seed": seed,
+    }
+
+
+class ResultsConflict(RuntimeError):
+    """A results file exists for a different configuration."""
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temp file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_results(
+    path: str | os.PathLike,
+    records: Iterable[dict[str, Any]],
+    config: dict[str, Any] | None = None,
+    seed: int | None = None,
+    device: torch.device | str | None = None,
+    overwrite: bool = False,
+    extra_provenance: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Write ``{"provenance", "records"}`` to ``path`` atomically and return it.
+
+    An existing file written with a different ``config`` raises :class:`ResultsConflict` unless
+    ``overwrite``; one with the same config is replaced (a rerun of the same experiment).
+    """
+    path = Path(path)
+    config = json.loads(json.dumps(config or {}, default=str))
+    if path.exists() and not overwrite:
+        try:
+            old = json.loads(path.read_text()).get("provenance", {}).get("config")
+        except (json.JSONDecodeError, AttributeError):
+            raise ResultsConflict(f"{path} exists and is not a results file; refusing to replace it") from None
+        if old != config:
+            raise ResultsConflict(
+                f"{path} holds results of a different configuration; move it away or pass overwrite"
+            )
+    prov = provenance(config, seed, device)
+    if extra_provenance:
+        prov.update(extra_provenance)
+    doc = {"provenance": prov, "records": list(records)}
+    atomic_write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
+    return doc
+
+
+def read_results(path: str | os.PathLike) -> dict[str, Any]:
+    """Load a results file, checking it follows the convention."""
+    doc = json.loads(Path(path).read_text())
+    if not isinstance(doc, dict) or "provenance" not in doc or not isinstance(doc.get("records"), list):
+        raise ValueError(f"{path} is not a results file (needs 'provenance' and a 'records' list)")
+    return doc
