@@ -178,9 +178,16 @@ def test_stochastic_rounding_picks_a_neighbour_and_never_saturates():
     assert ((deq - x.double()).abs() < step.reshape(64, 64)).all()
 
 
+def blocks_with_exponents(rows: int, exponents: list[int]) -> torch.Tensor:
+    """Random blocks whose MX scale exponents are exactly ``exponents`` (amax = 4 * 2^e)."""
+    x = torch.rand(rows, 32 * len(exponents)) * 8 - 4
+    x[:, ::32] = 4.0
+    return x * (2.0 ** torch.tensor(exponents, dtype=torch.float32)).repeat_interleave(32)
+
+
 def test_fp8_reencoding_is_exact_within_14_binades():
     torch.manual_seed(0)
-    x = torch.randn(8, 32 * 15) * (2.0 ** torch.arange(15).repeat_interleave(32))  # 14 binades
+    x = blocks_with_exponents(8, list(range(-7, 8)))  # block exponents span 14 binades
     q = quantize_mxfp4_ref(x)
     fp8, scale = to_fp8_rowwise_ref(q)
     assert torch.equal(fp8.double() * scale.double(), dequantize_mxfp4_ref(q, torch.float64))
@@ -188,7 +195,7 @@ def test_fp8_reencoding_is_exact_within_14_binades():
 
 def test_fp8_reencoding_loses_only_tiny_blocks_beyond_14_binades():
     torch.manual_seed(0)
-    x = torch.randn(8, 32 * 20) * (2.0 ** torch.arange(20).repeat_interleave(32))  # 19 binades
+    x = blocks_with_exponents(8, list(range(-12, 8)))  # 19 binades
     q = quantize_mxfp4_ref(x)
     fp8, scale = to_fp8_rowwise_ref(q)
     deq = dequantize_mxfp4_ref(q, torch.float64)
