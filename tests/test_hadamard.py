@@ -1,0 +1,66 @@
+"""Block Hadamard reference (adahop.hadamard)."""
+
+import pytest
+import torch
+
+from adahop.hadamard import block_hadamard_ref, hadamard_matrix, random_signs
+
+
+@pytest.mark.parametrize("b", [2, 16, 32, 64, 128], ids=lambda b: f"b{b}")
+def test_hadamard_is_orthonormal_and_symmetric(b):
+    h = hadamard_matrix(b, torch.float64)
+    assert torch.allclose(h @ h.t(), torch.eye(b, dtype=torch.float64), atol=1e-14)
+    assert torch.equal(h, h.t())
+
+
+def test_entries_are_plus_minus_one_over_sqrt_b():
+    h = hadamard_matrix(32, torch.float64)
+    assert torch.allclose(h.abs(), torch.full((32, 32), 32**-0.5, dtype=torch.float64), rtol=1e-15, atol=0)
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["plain", "random_signs"])
+def test_transform_preserves_the_gemm(signed):
+    torch.manual_seed(0)
+    a, b = torch.randn(48, 256, dtype=torch.float64), torch.randn(40, 256, dtype=torch.float64)
+    s = random_signs(256, seed=3) if signed else None
+    prod = block_hadamard_ref(a, 32, s) @ block_hadamard_ref(b, 32, s).t()
+    assert torch.allclose(prod, a @ b.t(), rtol=1e-12, atol=1e-11)
+
+
+def test_transform_is_blockwise():
+    x = torch.zeros(1, 64, dtype=torch.float64)
+    x[0, 33] = 1.0  # only the second block is touched
+    y = block_hadamard_ref(x)
+    assert y[0, :32].eq(0).all()
+    assert torch.allclose(y[0, 32:].abs(), torch.full((32,), 32**-0.5, dtype=torch.float64), rtol=1e-15, atol=0)
+
+
+def test_column_outlier_is_spread_over_its_block():
+    x = torch.randn(8, 64, dtype=torch.float64) * 0.01
+    x[:, 5] = 100.0
+    y = block_hadamard_ref(x)
+    # The outlier's energy is spread over 32 entries: the block's max drops by ~sqrt(32).
+    assert y[:, :32].abs().amax() < 100.0 / 32**0.5 * 1.01
+
+
+def test_random_signs_are_deterministic_and_balanced():
+    s1, s2 = random_signs(4096, seed=7), random_signs(4096, seed=7)
+    assert torch.equal(s1, s2) and set(s1.unique().tolist()) == {-1.0, 1.0}
+    assert not torch.equal(s1, random_signs(4096, seed=8))
+    assert abs(s1.sum().item()) < 4 * 4096**0.5
+
+
+@pytest.mark.parametrize("bad", [0, 1, 24, 33], ids=lambda b: f"b{b}")
+def test_bad_block_size_raises(bad):
+    with pytest.raises(ValueError, match="power of two"):
+        hadamard_matrix(bad)
+
+
+def test_dimension_not_multiple_of_block_raises():
+    with pytest.raises(ValueError, match="not a multiple of the Hadamard block size 32"):
+        block_hadamard_ref(torch.randn(2, 48))
+
+
+def test_wrong_signs_shape_raises():
+    with pytest.raises(ValueError, match=r"signs must have shape \(64,\)"):
+        block_hadamard_ref(torch.randn(2, 64), signs=torch.ones(32))
