@@ -1,0 +1,185 @@
+"""adahop.model: HF Llama parity, export/load round trip, named sizes, FLOPs formula, input checks."""
+
+import json
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from adahop.model import (
+    MX_BLOCK,
+    NOMINAL_PARAMS,
+    PRESETS,
+    REFERENCE_VOCAB,
+    Llama,
+    LlamaConfig,
+    config_from_hf,
+    export_hf,
+    load_hf,
+    special_tokens,
+)
+
+VOCAB = 320
+
+
+@pytest.fixture(scope="module")
+def tokenizer_json(tmp_path_factory):
+    """A byte-level BPE with one special end-of-text token, trained on a few sentences."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog", "to be or not to be"] * 20, trainer)
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return path
+
+
+def tiny(**overrides) -> Llama:
+    torch.manual_seed(0)
+    return Llama(LlamaConfig.from_name("tiny", vocab_size=VOCAB, **overrides))
+
+
+@pytest.mark.parametrize("tie,kv_heads", [(False, 2), (True, 4)], ids=["untied-gqa", "tied-mha"])
+def test_logits_match_hf_llama(tokenizer_json, tmp_path, tie, kv_heads):
+    from transformers import LlamaForCausalLM
+
+    model = tiny(tie_embeddings=tie, n_kv_heads=kv_heads, rope_theta=5000.0).eval()
+    # Non-trivial norm weights, so a swapped or missing norm cannot hide behind ones.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1:
+                p.uniform_(0.5, 1.5)
+    export_hf(model, tokenizer_json, tmp_path / "hf")
+    hf = LlamaForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32, attn_implementation="sdpa").eval()
+    ids = torch.randint(0, VOCAB, (2, 96), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours, theirs = model(ids)[0], hf(ids).logits
+    torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
+    assert hf.config.tie_word_embeddings == tie and hf.config.num_key_value_heads == kv_heads
+
+
+def test_load_hf_round_trip_is_exact(tokenizer_json, tmp_path):
+    model = tiny(tie_embeddings=True).eval()
+    loaded = load_hf(export_hf(model, tokenizer_json, tmp_path / "hf")).eval()
+    assert loaded.config == model.config
+    assert loaded.lm_head.weight is loaded.model.embed_tokens.weight
+    ids = torch.randint(0, VOCAB, (2, 33))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids)[0], model(ids)[0])
+
+
+def test_exported_tokenizer_has_bos_eos(tokenizer_json, tmp_path):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    out = export_hf(tiny(), tokenizer_json, tmp_path / "hf")
+    tok = PreTrainedTokenizerFast.from_pretrained(out)
+    config = json.loads((out / "config.json").read_text())
+    eos_id = Tokenizer.from_file(str(tokenizer_json)).token_to_id("<|endoftext|>")
+    assert tok.eos_token == tok.bos_token == "<|endoftext|>"
+    assert config["eos_token_id"] == config["bos_token_id"] == tok.eos_token_id == eos_id
+    text = "the lazy fox"
+    assert tok(text).input_ids == Tokenizer.from_file(str(tokenizer_json)).encode(text).ids
+
+
+def test_export_refuses_tokenizer_larger_than_vocab(tokenizer_json, tmp_path):
+    small = Llama(LlamaConfig.from_name("tiny", vocab_size=128))
+    with pytest.raises(ValueError, match="tokenizer has"):
+        export_hf(small, tokenizer_json, tmp_path / "hf")
+
+
+def test_special_tokens_without_eos_is_a_clear_error(tmp_path):
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps({"added_tokens": [{"content": "<pad>", "special": True}]}))
+    with pytest.raises(ValueError, match="no end-of-text token"):
+        special_tokens(path)
+
+
+def test_config_from_hf_rejects_rope_scaling():
+    config = json.loads(json.dumps({"model_type": "llama", "rope_parameters": {"rope_type": "llama3", "rope_theta": 5e5}}))
+    with pytest.raises(ValueError, match="RoPE scaling"):
+        config_from_hf(config)
+
+
+@pytest.mark.parametrize("name", sorted(NOMINAL_PARAMS))
+def test_preset_parameter_count_matches_its_name(name):
+    """Counted on the meta device (no memory): total parameters incl. embeddings at 32k vocab."""
+    cfg = LlamaConfig.from_name(name, vocab_size=REFERENCE_VOCAB)
+    with torch.device("meta"):
+        model = Llama(cfg)
+    assert model.num_params() == cfg.num_params()
+    assert abs(cfg.num_params() / NOMINAL_PARAMS[name] - 1) <= 0.15, f"{name}: {cfg.num_params() / 1e6:.1f}M"
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_preset_linear_dims_are_mx_blocks(name):
+    with torch.device("meta"):
+        model = Llama(LlamaConfig.from_name(name, vocab_size=REFERENCE_VOCAB))
+    for mod_name, mod in model.named_modules():
+        if isinstance(mod, torch.nn.Linear) and mod_name != "lm_head":
+            assert mod.in_features % MX_BLOCK == 0 and mod.out_features % MX_BLOCK == 0, mod_name
+
+
+def test_flops_per_token_matches_flop_counter():
+    """6N + 12·L·H·Q·T against torch's FLOP counter with the math SDPA (which computes the full T×T)."""
+    model = tiny()
+    B, T = 2, 64
+    ids = torch.randint(0, VOCAB, (B, T))
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model(ids, ids)[1].backward()
+    assert counter.get_total_flops() == model.config.flops_per_token(T) * B * T
+
+
+def test_loss_is_next_token_cross_entropy():
+    model = tiny()
+    ids = torch.randint(0, VOCAB, (3, 20))
+    logits, loss = model(ids, ids)
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids.reshape(-1))
+    torch.testing.assert_close(loss, expected)
+    assert model(ids)[1] is None
+
+
+def test_bf16_autocast_forward_runs_and_is_close():
+    model = tiny().eval()
+    ids = torch.randint(0, VOCAB, (2, 32))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        low = model(ids)[0]
+    with torch.no_grad():
+        full = model(ids)[0]
+    assert low.dtype == torch.bfloat16
+    torch.testing.assert_close(low.float(), full, rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        (dict(dim=130), "divisible by n_heads"),
+        (dict(dim=144, n_heads=3, n_kv_heads=3), "multiple of 32"),
+        (dict(ffn_dim=350), "multiple of 32"),
+        (dict(n_kv_heads=3), "multiple of n_kv_heads"),
+        (dict(n_layers=0), "positive int"),
+    ],
+    ids=["dim-heads", "dim-block", "ffn-block", "kv-heads", "layers"],
+)
+def test_config_rejects_bad_shapes(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        LlamaConfig.from_name("tiny", vocab_size=VOCAB, **overrides)
+
+
+def test_unknown_size_is_a_clear_error():
+    with pytest.raises(ValueError, match="unknown model size"):
+        LlamaConfig.from_name("7b", vocab_size=VOCAB)
+
+
+def test_forward_rejects_bad_inputs():
+    model = tiny()
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model(torch.zeros(1, model.config.max_seq_len + 1, dtype=torch.long))
+    with pytest.raises(ValueError, match="int64"):
+        model(torch.zeros(1, 8))
+    with pytest.raises(ValueError, match="targets"):
+        model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
