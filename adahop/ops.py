@@ -95,6 +95,47 @@ def hadamard_quantize(
     return hadamard_quantize_ref(xt, hadamard, hadamard_size, signs, rounding, seed, emit_fp8, nan_policy)
 
 
+def hadamard_quantize_dual(
+    x: torch.Tensor,
+    *,
+    hadamard: bool = True,
+    hadamard_t: bool = True,
+    hadamard_size: int = DEFAULT_HADAMARD_SIZE,
+    signs: torch.Tensor | None = None,
+    signs_t: torch.Tensor | None = None,
+    rounding: Rounding = "rne",
+    seed: int | None = None,
+    emit_fp8: bool = False,
+    emit_fp8_t: bool = False,
+    nan_policy: NanPolicy = "propagate",
+    backend: Backend | str | None = None,
+) -> tuple[MXFP4Tensor, MXFP4Tensor]:
+    """One read of ``x (M, K)``, both orientations: ``(x along K (M, K), xᵀ along M (K, M))``.
+
+    The forward's GEMM operand X along ``in`` and the Xᵀ along tokens that ``wgrad`` needs (what
+    the forward saves), each with its own Hadamard flag, signs (length K for ``x``, M for ``xᵀ``)
+    and FP8 request. M and K must both be multiples of 32 (and of ``hadamard_size`` where
+    transformed). On the Triton backend one kernel reads X once and the SR draws equal those of
+    the two single calls.
+
+    Equivalent to ``(hadamard_quantize(x, hadamard=hadamard, signs=signs, emit_fp8=emit_fp8, ...),
+    hadamard_quantize(x, transpose=True, hadamard=hadamard_t, signs=signs_t, emit_fp8=emit_fp8_t, ...))``.
+    """
+    _check_2d(x, "x")
+    check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
+    check_quantize_input(x.t(), "x.T", max(32, hadamard_size if hadamard_t else 32))
+    _check_signs(signs, x.shape[1], x.device)
+    _check_signs(signs_t, x.shape[0], x.device)
+    if resolve_backend(x.device, backend) is Backend.TRITON:
+        from adahop_kernels.hadamard_quantize import hadamard_quantize_dual as kernel
+
+        return kernel(x, hadamard=hadamard, hadamard_t=hadamard_t, hadamard_size=hadamard_size, signs=signs,
+                      signs_t=signs_t, rounding=rounding, seed=seed, emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_t,
+                      nan_policy=nan_policy)
+    return (hadamard_quantize_ref(x, hadamard, hadamard_size, signs, rounding, seed, emit_fp8, nan_policy),
+            hadamard_quantize_ref(x.t(), hadamard_t, hadamard_size, signs_t, rounding, seed, emit_fp8_t, nan_policy))
+
+
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16, backend: Backend | str | None = None) -> torch.Tensor:
     """Packed MXFP4 ``(..., K)`` to ``dtype``. Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`."""
     if resolve_backend(t.device, backend) is Backend.TRITON:
