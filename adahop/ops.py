@@ -7,10 +7,16 @@ never a kernel directly.
 
 from __future__ import annotations
 
+import enum
+import functools
+import logging
+
 import torch
 
 from adahop.backend import Backend, resolve_backend
 from adahop.formats import (
+    BLOCK_SIZE,
+    FLOAT_DTYPES,
     MXFP4Tensor,
     NanPolicy,
     Rounding,
@@ -156,6 +162,248 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
     return x.abs().amax(dim=1).topk(k).indices.sort().values
 
 
+# ---------------------------------------------------------------------------------------------
+# Outlier extraction (OE)
+
+
+def _check_outlier_input(x: torch.Tensor, k: int) -> None:
+    _check_2d(x, "x")
+    if x.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    if x.shape[1] == 0:
+        raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no magnitude to rank them by")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 0 <= k <= x.shape[0]:
+        raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
+
+
+def extract_outliers_ref(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference of :func:`extract_outliers`: :func:`select_outliers` and a gather."""
+    _check_outlier_input(x, k)
+    idx = select_outliers(x, k)
+    return idx, x.index_select(0, idx).to(torch.bfloat16)
+
+
+def extract_outliers(
+    x: torch.Tensor, k: int, backend: Backend | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` rows of ``x (M, K)`` with the largest ``max |x|``: indices and a BF16 slice.
+
+    x: float32/bfloat16/float16, any strides. Returns ``indices`` ``(k,)`` int64 in ascending order
+    and ``rows`` ``(k, K)`` bfloat16 (``x[indices]``). A row holding NaN ranks above every finite
+    row (as ``torch.topk`` ranks NaN), so a diverged row goes to the BF16 GEMM and shows there.
+
+    *Column outliers* are the rows of the transposed operand: ``extract_outliers(x.t(), k)`` (a
+    view, no copy; the kernel reads it in place) returns column indices of x and ``x[:, idx].t()``,
+    ``(k, M)``.
+
+    *The rest* is x itself. Along K every row has its own MXFP4 blocks, so the outlier rows do not
+    disturb the others: quantize all of x, run the MXFP4 GEMM, and overwrite output rows
+    ``indices`` with the BF16 product ``rows @ other.T`` (``out.index_copy_(0, indices, ...)``).
+    Only a tensor quantized along M (e.g. Xᵀ along tokens, saved for ``wgrad``) shares blocks
+    across rows; zero the outliers there first: ``x.index_fill(0, indices, 0)``.
+
+    Equivalent to ``idx = select_outliers(x, k); (idx, x[idx].to(torch.bfloat16))``.
+    """
+    _check_outlier_input(x, k)
+    if resolve_backend(x.device, backend) is Backend.REFERENCE:
+        return extract_outliers_ref(x, k)
+    from adahop_kernels.outliers import row_absmax
+
+    idx = row_absmax(x).topk(k).indices.sort().values
+    return idx, x.index_select(0, idx).to(torch.bfloat16)
+
+
+# ---------------------------------------------------------------------------------------------
+# MXFP4 GEMM: A · Bᵀ, one of four paths per device, always reported
+
+MM_OUT_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+_log = logging.getLogger(__name__)
+
+
+class GemmPath(str, enum.Enum):
+    """How :func:`mxfp4_mm` computes ``A · Bᵀ``.
+
+    DOT_SCALED: Triton ``tl.dot_scaled`` on the packed operands (native MXFP4 on sm_100+ and AMD
+        CDNA4; elsewhere Triton emulates it through bf16, about a third of cuBLAS bf16 on Hopper).
+    FP8_ROWWISE: exact FP8 E4M3 re-encoding with fp32 row scales + cuBLAS rowwise
+        ``torch._scaled_mm`` (Hopper and Ada, sm_89/sm_90: FP8 tensor cores, no FP4 ones).
+    DEQUANT_MATMUL: exact dequantization to bf16 (fp32 for a non-bf16 output) + the device's matmul.
+    REFERENCE: :func:`mxfp4_mm_ref`, the fp64 product of the dequantized operands (CPU default).
+    """
+
+    DOT_SCALED = "triton-dot-scaled"
+    FP8_ROWWISE = "fp8-rowwise"
+    DEQUANT_MATMUL = "dequant-matmul"
+    REFERENCE = "reference"
+
+
+def _hardware_gemm_path(device: torch.device) -> tuple[GemmPath, str]:
+    """The fastest exact path the device has, and why."""
+    if device.type != "cuda":
+        return GemmPath.REFERENCE, f"{device.type} device"
+    props = torch.cuda.get_device_properties(device)
+    if torch.version.hip:
+        arch = getattr(props, "gcnArchName", "")
+        if arch.startswith("gfx950"):
+            return GemmPath.DOT_SCALED, f"{props.name} ({arch}) has MXFP4 matrix cores"
+        return GemmPath.DEQUANT_MATMUL, f"{props.name} ({arch}) has no MXFP4 and no OCP E4M3 matrix cores"
+    cap = f"sm_{props.major}{props.minor}"
+    if props.major >= 10:
+        return GemmPath.DOT_SCALED, f"{props.name} ({cap}) has FP4 tensor cores"
+    if (props.major, props.minor) >= (8, 9):
+        return GemmPath.FP8_ROWWISE, f"{props.name} ({cap}) has FP8 but no FP4 tensor cores"
+    return GemmPath.DEQUANT_MATMUL, f"{props.name} ({cap}) has neither FP8 nor FP4 tensor cores"
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_path_logged(device: torch.device, backend: Backend) -> GemmPath:
+    if backend is Backend.REFERENCE:
+        path, why = GemmPath.REFERENCE, "the reference backend was chosen"
+    else:
+        path, why = _hardware_gemm_path(device)
+    _log.info("mxfp4_mm on %s takes the %s path: %s", device, path.value, why)
+    return path
+
+
+def gemm_path(device: torch.device | str, backend: Backend | str | None = None) -> GemmPath:
+    """The :class:`GemmPath` that :func:`mxfp4_mm` takes by default on ``device``.
+
+    CUDA: DOT_SCALED on sm_100+ and CDNA4 (gfx950), FP8_ROWWISE on sm_89/sm_90, DEQUANT_MATMUL
+    elsewhere; any other device: REFERENCE; REFERENCE also where :func:`resolve_backend` resolves
+    to the reference backend (``ADAHOP_BACKEND=reference``). Logged once per device at INFO on the
+    ``adahop.ops`` logger; benchmarks record it next to every figure.
+    """
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return _gemm_path_logged(device, resolve_backend(device, backend))
+
+
+def check_mxfp4_operand(t: MXFP4Tensor, name: str) -> None:
+    """Raise a TypeError/ValueError naming what is wrong with a 2-D MXFP4 GEMM operand ``(rows, K)``."""
+    if not isinstance(t, MXFP4Tensor):
+        raise TypeError(f"{name} must be an MXFP4Tensor, got {type(t).__name__}")
+    if t.codes.dim() != 2:
+        raise ValueError(f"{name} must be a 2-D MXFP4 tensor (rows, K), got shape {tuple(t.shape)}")
+    rows, k = t.shape
+    if t.codes.dtype != torch.uint8 or t.scales.dtype != torch.uint8:
+        raise ValueError(f"{name}: codes and scales must be uint8, got {t.codes.dtype} and {t.scales.dtype}")
+    if k % BLOCK_SIZE or tuple(t.scales.shape) != (rows, k // BLOCK_SIZE):
+        raise ValueError(
+            f"{name}: scales of shape {tuple(t.scales.shape)} do not match codes of logical shape "
+            f"{(rows, k)} (K must be a multiple of {BLOCK_SIZE}, scales ({rows}, K/{BLOCK_SIZE}))"
+        )
+    if t.scales.device != t.codes.device:
+        raise ValueError(f"{name}: codes are on {t.codes.device} but scales on {t.scales.device}")
+    if not (t.codes.is_contiguous() and t.scales.is_contiguous()):
+        raise ValueError(f"{name}: codes and scales must be contiguous")
+    if t.fp8 is not None:
+        if t.fp8.dtype != torch.float8_e4m3fn or tuple(t.fp8.shape) != (rows, k) or t.fp8.device != t.device:
+            raise ValueError(f"{name}.fp8 must be float8_e4m3fn of shape {(rows, k)} on {t.device}, "
+                             f"got {t.fp8.dtype} {tuple(t.fp8.shape)} on {t.fp8.device}")
+        s = t.fp8_scale
+        if s is None or s.dtype != torch.float32 or tuple(s.shape) != (rows, 1) or s.device != t.device:
+            raise ValueError(f"{name}.fp8_scale must be float32 of shape {(rows, 1)} on {t.device} next to fp8")
+
+
+def check_mxfp4_operands(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype) -> None:
+    """Checks of ``A · Bᵀ``: both operands, equal K, one device, a supported output dtype."""
+    check_mxfp4_operand(a, "a")
+    check_mxfp4_operand(b, "b")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (A·Bᵀ needs equal K)")
+    if a.device != b.device:
+        raise ValueError(f"a is on {a.device} but b is on {b.device}")
+    if out_dtype not in MM_OUT_DTYPES:
+        raise ValueError(f"out_dtype must be one of {MM_OUT_DTYPES}, got {out_dtype}")
+
+
+def to_fp8_rowwise(t: MXFP4Tensor, backend: Backend | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact FP8 E4M3 ``(M, K)`` + fp32 row scales ``(M, 1)`` of an MXFP4 ``(M, K)`` (DESIGN.md §3).
+
+    Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` bit for bit.
+    """
+    check_mxfp4_operand(t, "t")
+    if resolve_backend(t.device, backend) is Backend.TRITON:
+        from adahop_kernels.fp8_reencode import fp8_reencode
+
+        return fp8_reencode(t)
+    return to_fp8_rowwise_ref(t)
+
+
+@functools.lru_cache(maxsize=None)
+def _info_once(message: str) -> None:
+    _log.info(message)
+
+
+def _fp8_operand(t: MXFP4Tensor, backend: Backend | str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if t.fp8 is not None:
+        return t.fp8, t.fp8_scale
+    _info_once("mxfp4_mm re-encodes MXFP4 operands to FP8 (an extra pass); quantize with emit_fp8=True to skip it")
+    return to_fp8_rowwise(t, backend)
+
+
+def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
+    fa, sa = _fp8_operand(a, backend)
+    fb, sb = _fp8_operand(b, backend)
+    n = fb.shape[0]
+    # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
+    pad = -n % 16
+    if pad:
+        fb = torch.cat((fb, fb.new_zeros(pad, fb.shape[1])))
+        sb = torch.cat((sb, sb.new_ones(pad, 1)))
+    # cuBLAS layouts: A row-major (M, K), B column-major (K, N) = the transpose of row-major (N, K).
+    if out_dtype is torch.bfloat16:
+        c = torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.reshape(1, -1), out_dtype=torch.bfloat16)
+    else:
+        # Rowwise scaling guarantees a bf16 output only: unit scales, an fp32 product, then the
+        # power-of-two row and column scales (exact multiplications).
+        one = torch.ones((), dtype=torch.float32, device=fa.device)
+        c = torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        c = (c * sa * sb.reshape(1, -1)).to(out_dtype)
+    return c[:, :n].contiguous() if pad else c
+
+
+def _mm_dequant(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
+    # Dequantized MXFP4 values (two significant bits, exponents within bf16's range) are exact in
+    # bf16 and in TF32, so only the GEMM's accumulation and output rounding remain.
+    dtype = torch.bfloat16 if out_dtype is torch.bfloat16 else torch.float32
+    return (dequantize(a, dtype, backend) @ dequantize(b, dtype, backend).t()).to(out_dtype)
+
+
 def mxfp4_mm_ref(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``A · Bᵀ`` for A ``(M, K)`` and B ``(N, K)`` in MXFP4, computed in fp64 from the dequantized operands."""
     return (dequantize_mxfp4_ref(a, torch.float64) @ dequantize_mxfp4_ref(b, torch.float64).t()).to(out_dtype)
+
+
+def mxfp4_mm(
+    a: MXFP4Tensor,
+    b: MXFP4Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+    *,
+    path: GemmPath | str | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """``A · Bᵀ`` ``(M, N)`` in ``out_dtype`` for MXFP4 A ``(M, K)`` and B ``(N, K)``, both along K.
+
+    K a multiple of 32; any M and N. out_dtype: bfloat16 (default), float32 or float16. ``path``
+    forces a :class:`GemmPath` (default: :func:`gemm_path` of the device, logged once); ``backend``
+    picks kernel or reference for the sub-steps (FP8 re-encoding, dequantization). The FP8 path uses
+    ``a.fp8``/``b.fp8`` when the quantizer emitted them (``emit_fp8=True``), else re-encodes.
+    Every path is exact up to fp32 accumulation and the output rounding.
+
+    Equivalent to ``mxfp4_mm_ref(a, b, out_dtype)``.
+    """
+    check_mxfp4_operands(a, b, out_dtype)
+    path = gemm_path(a.device, backend) if path is None else GemmPath(path)
+    if path is GemmPath.REFERENCE:
+        return mxfp4_mm_ref(a, b, out_dtype)
+    if path is GemmPath.DEQUANT_MATMUL:
+        return _mm_dequant(a, b, out_dtype, backend)
+    if path is GemmPath.FP8_ROWWISE:
+        return _mm_fp8_rowwise(a, b, out_dtype, backend)
+    from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
+
+    return mxfp4_mm_dot_scaled(a, b, out_dtype)
