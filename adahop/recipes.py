@@ -1,0 +1,200 @@
+"""The recipes compared by the suite, as data: one :class:`Recipe` per entry of :data:`RECIPES`.
+
+A recipe says how each of a linear layer's three GEMMs (``fwd``, ``dgrad``, ``wgrad``; see
+:mod:`adahop.policy`) runs: a fixed :class:`~adahop.policy.Strategy` per slot, or a policy that
+fixes them after calibration; which slots draw random Hadamard signs; and how the backward
+operands are rounded. :class:`adahop.linear.QuantLinear` reads nothing else, so adding a recipe is
+one entry here plus its tests.
+
+==================  =========================  ======================================================
+recipe              fwd / dgrad / wgrad        notes
+==================  =========================  ======================================================
+``bf16``            bf16 / bf16 / bf16         ``convert`` leaves ``nn.Linear`` untouched
+``mxfp4``           mxfp4 everywhere           no transform; SR on grad_output
+``uniform-iht``     iht everywhere             a fixed Hadamard on every GEMM (HALO/Quartet-like fwd)
+``tseng``           bf16 / iht / iht           Tseng et al. 2025: random-sign Hadamard + SR on every
+                                               backward operand
+``quartet-style``   iht / iht / iht            Hadamard + RTN forward, ``tseng``'s backward (Quartet
+                                               uses QuEST clipping in the forward; RTN here)
+``adahop``          table policy               30 calibration steps of plain MXFP4, then DESIGN §1
+``adahop-measured`` measured policy            lowest measured output error per GEMM
+==================  =========================  ======================================================
+
+Rounding: the forward operands always round to nearest (ties to even). ``grad_rounding`` applies
+to grad_output in both backward GEMMs; ``saved_rounding`` to the copies of X (along tokens) and W
+(along ``out``) that the forward quantizes for the backward.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from adahop.patterns import PatternDetector
+from adahop.policy import REFERENCE_TABLE, SLOTS, Strategy, StrategyTable, parse_strategy
+
+POLICIES = ("table", "measured")
+ROUNDINGS = ("rne", "sr")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a converted linear layer runs its GEMMs (see the module docstring).
+
+    fwd, dgrad, wgrad: fixed strategies, or ``None`` for all three when ``policy`` is set.
+    policy: ``"table"`` or ``"measured"``: strategies fixed after ``calibration_steps`` optimizer
+        steps of ``calibration_strategy`` (plain MXFP4).
+    outlier_k: rows computed in BF16 by the OE strategies (clamped to the operand's row count).
+    hadamard_size: block size of the transform (a power of two; layer dims must be multiples of
+        ``max(32, hadamard_size)``).
+    random_signs: slots whose transform draws fresh ±1 signs per step and layer (from ``seed``).
+    grad_rounding, saved_rounding: ``"rne"`` or ``"sr"`` (see the module docstring).
+    seed: run seed from which every SR draw and sign vector is derived (with layer, step, call).
+    measure_tokens: tokens of X kept in BF16 during ``measured`` calibration to score ``wgrad``.
+    measured_margin: the relative error reduction an OE strategy must bring to be measured-picked.
+    """
+
+    name: str
+    description: str = ""
+    fwd: Strategy | None = None
+    dgrad: Strategy | None = None
+    wgrad: Strategy | None = None
+    policy: str | None = None
+    calibration_steps: int = 0
+    calibration_strategy: Strategy = Strategy.MXFP4
+    table: StrategyTable = REFERENCE_TABLE
+    detector: PatternDetector = field(default_factory=PatternDetector)
+    outlier_k: int = 64
+    hadamard_size: int = 32
+    random_signs: frozenset[str] = frozenset()
+    grad_rounding: str = "sr"
+    saved_rounding: str = "rne"
+    seed: int = 0
+    measure_tokens: int = 512
+    measured_margin: float = 0.1
+
+    def __post_init__(self) -> None:
+        fixed = [getattr(self, s) for s in SLOTS]
+        if self.policy is None:
+            if any(s is None for s in fixed):
+                raise ValueError(f"recipe {self.name!r}: without a policy every slot needs a fixed strategy")
+        else:
+            if self.policy not in POLICIES:
+                raise ValueError(f"recipe {self.name!r}: policy must be one of {POLICIES}, got {self.policy!r}")
+            if any(s is not None for s in fixed):
+                raise ValueError(f"recipe {self.name!r}: a policy recipe takes no fixed fwd/dgrad/wgrad strategies")
+            if self.calibration_steps < 1:
+                raise ValueError(f"recipe {self.name!r}: policy {self.policy!r} needs calibration_steps >= 1")
+        if self.outlier_k < 1:
+            raise ValueError(f"recipe {self.name!r}: outlier_k must be >= 1, got {self.outlier_k}")
+        if self.hadamard_size < 2 or self.hadamard_size & (self.hadamard_size - 1):
+            raise ValueError(f"recipe {self.name!r}: hadamard_size must be a power of two, got {self.hadamard_size}")
+        for attr in ("grad_rounding", "saved_rounding"):
+            if getattr(self, attr) not in ROUNDINGS:
+                raise ValueError(f"recipe {self.name!r}: {attr} must be one of {ROUNDINGS}, got {getattr(self, attr)!r}")
+        if not set(self.random_signs) <= set(SLOTS):
+            raise ValueError(f"recipe {self.name!r}: random_signs must name slots of {SLOTS}, got {sorted(self.random_signs)}")
+        if not 0.0 <= self.measured_margin < 1.0:
+            raise ValueError(f"recipe {self.name!r}: measured_margin must be in [0, 1), got {self.measured_margin}")
+        if self.measure_tokens < 32 or self.measure_tokens % 32:
+            raise ValueError(f"recipe {self.name!r}: measure_tokens must be a positive multiple of 32")
+
+    @property
+    def fixed_strategies(self) -> dict[str, Strategy] | None:
+        return None if self.policy else {s: getattr(self, s) for s in SLOTS}
+
+    @property
+    def swaps_linear(self) -> bool:
+        """False for a recipe that is BF16 everywhere: ``convert`` keeps ``nn.Linear`` then."""
+        return self.policy is not None or any(s.quantized for s in self.fixed_strategies.values())
+
+    @property
+    def dim_multiple(self) -> int:
+        """Every quantized dimension (in, out, tokens) must be a multiple of this."""
+        return max(32, self.hadamard_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (for checkpoints, results provenance and comparison on resume)."""
+        d = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, Strategy):
+                v = v.value
+            elif isinstance(v, StrategyTable):
+                v = v.to_dict()
+            elif isinstance(v, PatternDetector):
+                v = dataclasses.asdict(v)
+            elif isinstance(v, frozenset):
+                v = sorted(v)
+            d[f.name] = v
+        return d
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Turn an override given as plain data (strings, lists, dicts) into the field's type."""
+    if name in ("fwd", "dgrad", "wgrad", "calibration_strategy"):
+        return None if value is None else parse_strategy(value)
+    if name == "table" and not isinstance(value, StrategyTable):
+        return StrategyTable.from_mapping(value)
+    if name == "detector" and not isinstance(value, PatternDetector):
+        return PatternDetector(**value)
+    if name == "random_signs":
+        return frozenset([value] if isinstance(value, str) else value)
+    return value
+
+
+def _fixed(name: str, description: str, fwd: str, dgrad: str, wgrad: str, **kw: Any) -> Recipe:
+    return Recipe(name, description, Strategy(fwd), Strategy(dgrad), Strategy(wgrad), **kw)
+
+
+def _policy(name: str, description: str, policy: str) -> Recipe:
+    return Recipe(name, description, policy=policy, calibration_steps=30)
+
+
+_BACKWARD_RHT_SR = dict(random_signs=frozenset({"dgrad", "wgrad"}), saved_rounding="sr")
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (
+        _fixed("bf16", "nn.Linear in BF16 (the reference)", "bf16", "bf16", "bf16"),
+        _fixed("mxfp4", "naive MXFP4 on every GEMM, no transform", "mxfp4", "mxfp4", "mxfp4"),
+        _fixed("uniform-iht", "a fixed block-32 Hadamard + MXFP4 on every GEMM", "iht", "iht", "iht"),
+        _fixed("tseng", "BF16 forward; MXFP4 backward with random-sign Hadamard + SR (Tseng et al. 2025)",
+               "bf16", "iht", "iht", **_BACKWARD_RHT_SR),
+        _fixed("quartet-style", "Hadamard + RTN MXFP4 forward; random-sign Hadamard + SR backward",
+               "iht", "iht", "iht", **_BACKWARD_RHT_SR),
+        _policy("adahop", "AdaHOP: calibrated outlier patterns → strategy table (DESIGN §1)", "table"),
+        _policy("adahop-measured", "per GEMM the strategy with the lowest measured calibration error", "measured"),
+    )
+}
+
+
+def get_recipe(recipe: str | Recipe, **overrides: Any) -> Recipe:
+    """The registry entry ``recipe`` (or a :class:`Recipe`), with fields replaced by ``overrides``.
+
+    Overrides may be plain data (``fwd="iht"``, ``random_signs=["wgrad"]``, ``table={...}``).
+    Setting ``fwd``/``dgrad``/``wgrad`` on a policy recipe turns it into a fixed one (``policy=None``,
+    so all three must be given) unless ``policy`` is given too. Unknown names raise TypeError.
+    """
+    if isinstance(recipe, str):
+        if recipe not in RECIPES:
+            raise ValueError(f"unknown recipe {recipe!r}; registered: {sorted(RECIPES)}")
+        recipe = RECIPES[recipe]
+    elif not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a name or a Recipe, got {type(recipe).__name__}")
+    names = {f.name for f in dataclasses.fields(Recipe)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise TypeError(f"unknown recipe overrides {unknown}; valid: {sorted(names)}")
+    if not overrides:
+        return recipe
+    changes = {k: _coerce(k, v) for k, v in overrides.items()}
+    if recipe.policy and "policy" not in changes and any(s in changes for s in SLOTS):
+        changes["policy"] = None
+    return dataclasses.replace(recipe, **changes)
+
+
+def recipe_from_dict(d: Mapping[str, Any]) -> Recipe:
+    """Inverse of :meth:`Recipe.to_dict`."""
+    return Recipe(**{k: _coerce(k, v) for k, v in d.items()})

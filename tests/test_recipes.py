@@ -1,0 +1,173 @@
+"""The recipe registry (adahop.recipes), and every recipe's layer against an fp64 nn.Linear.
+
+Error floors (relative Frobenius error of the output and each gradient against fp64; fp32 layer,
+128→64, 192 tokens, k=8 outlier rows) were measured on CPU (reference path) and set ~25% above
+the measurement (the numbers are deterministic for the seed; the margin covers backends whose
+fp32 accumulation order differs). What they reflect:
+
+* MXFP4 RNE on Gaussian data has ≈0.11 relative error per element, so a product of two quantized
+  operands lands at ≈0.16-0.2 (``mxfp4``, ``uniform-iht``, measured y 0.16-0.17, dX/dW ≈0.20).
+* SR on both backward operands (``tseng``, ``quartet-style``) is unbiased but noisier than RNE:
+  dX and dW ≈0.23-0.24 against ≈0.20.
+* With planted outliers (4 of 128 input channels ×20 in X, 4 of 192 tokens ×20 in dY), plain MXFP4
+  degrades (y 0.21, dW 0.24), a Hadamard recovers part of it (y 0.16, dW 0.15). AdaHOP's table
+  picks iht / iht+oe-left / bf16 and cuts dX to 0.06 (the outlier tokens of dY computed exactly)
+  and dW to 0.11 (BF16 dY against the MXFP4 copy of X); the measured policy picks oe-right for
+  wgrad instead and reaches dW 0.04.
+* Forward BF16 (``tseng``) and the bias gradient (a sum of the unquantized dY) are exact.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from torch import nn
+
+import adahop
+from adahop.patterns import PatternDetector, planted_outliers
+from adahop.policy import REFERENCE_TABLE, Strategy
+from adahop.recipes import RECIPES, Recipe, get_recipe, recipe_from_dict
+
+IN, OUT, BATCH, SEQ = 128, 64, 2, 96
+CALIBRATION_STEPS = 2
+
+# recipe -> data -> (y, dx, dw) floors; db is exact for every recipe (dY is not quantized for it).
+FLOORS = {
+    "bf16": {"gaussian": (1e-6, 1e-6, 1e-6), "outliers": (1e-6, 1e-6, 1e-6)},  # fp32 nn.Linear: 2e-7
+    "mxfp4": {"gaussian": (0.20, 0.26, 0.25), "outliers": (0.26, 0.26, 0.30)},
+    "uniform-iht": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.28, 0.19)},
+    "tseng": {"gaussian": (1e-6, 0.29, 0.30), "outliers": (1e-6, 0.29, 0.22)},
+    "quartet-style": {"gaussian": (0.21, 0.29, 0.30), "outliers": (0.20, 0.29, 0.22)},
+    "adahop": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
+    "adahop-measured": {"gaussian": (0.21, 0.25, 0.25), "outliers": (0.20, 0.08, 0.05)},
+}
+
+
+def make_data(kind: str):
+    m = BATCH * SEQ
+    planted = kind == "outliers"
+    x = planted_outliers(m, IN, n_cols=4 if planted else 0, col_factor=20, seed=0)
+    g = planted_outliers(m, OUT, n_rows=4 if planted else 0, row_factor=20, seed=1)
+    return x.reshape(BATCH, SEQ, IN), g.reshape(BATCH, SEQ, OUT)
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def run_recipe(name: str, kind: str, **overrides):
+    """Converted layer (calibrated first for policy recipes) vs fp64 nn.Linear: errors and layer."""
+    torch.manual_seed(0)
+    base = nn.Linear(IN, OUT)
+    ref = nn.Linear(IN, OUT).double()
+    ref.load_state_dict(base.state_dict())
+    if RECIPES[name].policy:
+        overrides.setdefault("calibration_steps", CALIBRATION_STEPS)
+    layer = adahop.convert(base, name, outlier_k=8, **overrides)
+    x, g = make_data(kind)
+    for _ in range(CALIBRATION_STEPS if RECIPES[name].policy else 0):
+        layer(x.clone().requires_grad_()).backward(g)
+        adahop.on_optimizer_step(layer)
+        layer.zero_grad()
+    xq = x.clone().requires_grad_()
+    y = layer(xq)
+    y.backward(g)
+    xr = x.double().requires_grad_()
+    yr = ref(xr)
+    yr.backward(g.double())
+    errors = {
+        "y": relative(y, yr), "dx": relative(xq.grad, xr.grad),
+        "dw": relative(layer.weight.grad, ref.weight.grad), "db": relative(layer.bias.grad, ref.bias.grad),
+    }
+    return errors, layer
+
+
+def test_every_recipe_has_floors():
+    assert set(FLOORS) == set(RECIPES)
+
+
+@pytest.mark.parametrize("kind", ["gaussian", "outliers"])
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_output_and_gradients_against_fp64(name, kind):
+    errors, _ = run_recipe(name, kind)
+    y_floor, dx_floor, dw_floor = FLOORS[name][kind]
+    assert errors["y"] <= y_floor, errors
+    assert errors["dx"] <= dx_floor, errors
+    assert errors["dw"] <= dw_floor, errors
+    assert errors["db"] <= 1e-6, errors
+
+
+def test_policy_recipes_pick_the_expected_strategies_on_planted_outliers():
+    # X: outlier channels (col), W: none, dY: outlier tokens (row) -> pairs fwd col-none,
+    # dgrad row-none, wgrad col-col (DESIGN §1 table: iht, iht+oe-left, bf16).
+    _, layer = run_recipe("adahop", "outliers")
+    assert layer.calibration.labels() == {"x": "col", "w": "none", "g": "row"}
+    assert layer.strategies == {"fwd": Strategy.IHT, "dgrad": Strategy.IHT_OE_LEFT, "wgrad": Strategy.BF16}
+    # Measured: OE wins where it cuts the error by > 10% (the outlier tokens of dY in dgrad; for
+    # fwd and wgrad, exact rows of X's outlier channels/tokens), plain IHT elsewhere.
+    _, measured = run_recipe("adahop-measured", "outliers")
+    assert measured.strategies["dgrad"] is Strategy.IHT_OE_LEFT
+    assert all(s is not Strategy.BF16 for s in measured.strategies.values())
+
+
+def test_measured_policy_prefers_plain_iht_without_outliers():
+    _, layer = run_recipe("adahop-measured", "gaussian")
+    assert set(layer.strategies.values()) <= {Strategy.IHT, Strategy.MXFP4}, layer.strategies
+
+
+def test_bf16_recipe_leaves_nn_linear_untouched():
+    model = nn.Sequential(nn.Linear(IN, OUT))
+    assert adahop.convert(model, "bf16")[0].__class__ is nn.Linear
+
+
+def test_registry_entries():
+    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured"}
+    tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]
+    assert tseng.fwd is Strategy.BF16 and quartet.fwd is Strategy.IHT
+    for r in (tseng, quartet):
+        assert (r.dgrad, r.wgrad) == (Strategy.IHT, Strategy.IHT)
+        assert r.random_signs == frozenset({"dgrad", "wgrad"}) and r.grad_rounding == r.saved_rounding == "sr"
+    assert RECIPES["mxfp4"].fixed_strategies == {s: Strategy.MXFP4 for s in ("fwd", "dgrad", "wgrad")}
+    assert RECIPES["uniform-iht"].random_signs == frozenset()
+    for name in ("adahop", "adahop-measured"):
+        r = RECIPES[name]
+        assert r.calibration_steps == 30 and r.outlier_k == 64 and r.grad_rounding == "sr"
+        assert r.table == REFERENCE_TABLE and r.calibration_strategy is Strategy.MXFP4
+
+
+def test_overrides_are_coerced_from_plain_data():
+    r = get_recipe("adahop", calibration_steps=5, outlier_k=32, random_signs=["wgrad"],
+                   detector={"threshold": 6.0}, table={**REFERENCE_TABLE.to_dict(), "col-col": "iht"})
+    assert r.calibration_steps == 5 and r.outlier_k == 32 and r.random_signs == frozenset({"wgrad"})
+    assert r.detector == PatternDetector(threshold=6.0)
+    assert r.table["col-col"] is Strategy.IHT
+    fixed = get_recipe("adahop", fwd="iht", dgrad="iht+oe-left", wgrad="iht+oe-right")
+    assert fixed.policy is None and fixed.wgrad is Strategy.IHT_OE_RIGHT
+
+
+@pytest.mark.parametrize(
+    "args,kw,err",
+    [
+        (("nope",), {}, ValueError),
+        (("adahop",), {"outlier_kk": 3}, TypeError),
+        (("adahop",), {"calibration_steps": 0}, ValueError),
+        (("adahop",), {"fwd": "iht"}, ValueError),  # a fixed recipe needs all three slots
+        (("mxfp4",), {"fwd": "fp4"}, ValueError),
+        (("mxfp4",), {"grad_rounding": "floor"}, ValueError),
+        (("mxfp4",), {"random_signs": ["bwd"]}, ValueError),
+        (("mxfp4",), {"hadamard_size": 24}, ValueError),
+        ((3,), {}, TypeError),
+    ],
+    ids=["unknown_recipe", "unknown_override", "no_calibration", "partial_slots", "bad_strategy",
+         "bad_rounding", "bad_slot", "bad_hadamard", "not_a_recipe"],
+)
+def test_bad_recipes_are_rejected(args, kw, err):
+    with pytest.raises(err):
+        get_recipe(*args, **kw)
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_to_dict_round_trip(name):
+    r = get_recipe(name, seed=7)
+    assert recipe_from_dict(r.to_dict()) == r
+    assert isinstance(r, Recipe) and dataclasses.is_dataclass(r)
