@@ -1,7 +1,30 @@
 """adahop: MXFP4 training with outlier-pattern-aware Hadamard rotation, and its peers.
 
 Submodules: ``formats`` (MXFP4 reference), ``hadamard`` (block Hadamard reference), ``backend``
-(Triton vs reference switch), ``ops`` (public MXFP4 ops), ``provenance`` (results files).
+(Triton vs reference switch), ``ops`` (public MXFP4 ops), ``provenance`` (results files),
+``patterns`` (outlier-pattern detection), ``policy`` (strategy table, calibration), ``recipes``
+(the registry of recipes), ``linear`` (the quantized layer and the model-level API below).
+
+Model-level API::
+
+    model = adahop.convert(model, "adahop", skip=("lm_head",), **overrides)
+    ...  # after every optimizer.step():
+    adahop.on_optimizer_step(model)
+    adahop.export_strategies(model)  # per-layer labels and strategies as JSON-ready data
 """
+
+from adahop.linear import AdaHOPLinear, QuantLinear, convert, export_strategies, on_optimizer_step
+from adahop.recipes import RECIPES, Recipe, get_recipe
+
+__all__ = [
+    "AdaHOPLinear",
+    "QuantLinear",
+    "RECIPES",
+    "Recipe",
+    "convert",
+    "export_strategies",
+    "get_recipe",
+    "on_optimizer_step",
+]
 
 __version__ = "0.1.0"
