@@ -45,3 +45,21 @@ def e2m1_value(code):
     # Codes 0..3 are the subnormals idx/2; codes 4..7 are (2 + mantissa) * 2^(exponent - 1).
     mag = tl.where(idx < 4, idx.to(tl.float32) * 0.5, (2 + (idx & 1)).to(tl.float32) * tl.where(idx >= 6, 2.0, 1.0))
     return tl.where((code & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def to_fp32(x):
+    """Exact upcast to fp32; bf16 by its bits (the interpreter's bf16->fp32 cast drops subnormals)."""
+    if x.dtype == tl.bfloat16:
+        return (x.to(tl.int16, bitcast=True).to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return x.to(tl.float32)
+
+
+@triton.jit
+def flip_sign(x, neg):
+    """``x`` with the sign flipped where ``neg``: exact, by the sign bit (the interpreter has no bf16 arithmetic)."""
+    if x.dtype.primitive_bitwidth == 16:
+        bits = x.to(tl.int16, bitcast=True) ^ (neg.to(tl.int16) << 15)
+    else:
+        bits = x.to(tl.int32, bitcast=True) ^ (neg.to(tl.int32) << 31)
+    return bits.to(x.dtype, bitcast=True)

@@ -33,7 +33,7 @@ def _dequantize_kernel(codes_ptr, scales_ptr, out_ptr, n_rows, K, BLOCK_R: tl.co
     s = tl.load(scales_ptr + rows * (K // 32) + b[None, :], mask=row_ok & (b < K // 32)[None, :], other=0).to(tl.int32)
     # Low nibble first: element 2i is byte i & 15, element 2i + 1 is byte i >> 4.
     vals = e2m1_value(tl.reshape(tl.join(c & 15, c >> 4), (BLOCK_R, BLOCK_K // 32, 32)))
-    out = vals * exp2_int(s - 127)[:, :, None]
+    out = vals * exp2_int(tl.minimum(s, 254) - 127)[:, :, None]  # 0xFF: NaN below, not 2^128
     out = tl.where((s == 255)[:, :, None], _NAN, out)
     out = tl.reshape(out, (BLOCK_R, BLOCK_K))
     if out_ptr.dtype.element_ty == tl.bfloat16:

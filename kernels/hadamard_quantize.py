@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, MXFP4Tensor
-from adahop_kernels._common import INTERPRETED, check_device, exp2_int
+from adahop_kernels._common import INTERPRETED, check_device, exp2_int, flip_sign, to_fp32
 
 HADAMARD_SIZES = (16, 32, 64, 128)  # tl.dot needs ≥ 16; 128 keeps H within one tile
 SEED_LIMIT = 1 << 62
@@ -81,7 +81,7 @@ def _quantize_store(
     NB: tl.constexpr = BR * BC // 32
     cols = col0 + tl.arange(0, BC)
     if HAS_SIGNS:
-        t = t * tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0).to(t.dtype)[None, :]
+        t = flip_sign(t, (tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0) < 0)[None, :])
     if HADAMARD:
         # Sylvester H: entry (i, j) is (-1)^popcount(i & j); fold the parity of up to 8 bits.
         i = tl.arange(0, HS)
@@ -92,12 +92,12 @@ def _quantize_store(
         h = 1.0 - 2.0 * (p & 1).to(tl.float32)
         a = tl.reshape(t, (BR * BC // HS, HS))
         if DOT_FP32:
-            acc = tl.dot(a.to(tl.float32), h, input_precision="ieee")
+            acc = tl.dot(to_fp32(a), h, input_precision="ieee")
         else:
             acc = tl.dot(a, h.to(a.dtype))
         v = tl.reshape(tl.fma(acc, c_hi, acc * c_lo), (NB, 32))
     else:
-        v = tl.reshape(t.to(tl.float32), (NB, 32))
+        v = tl.reshape(to_fp32(t), (NB, 32))
 
     mag = tl.abs(v)
     finite = mag <= _FP32_MAX
@@ -180,8 +180,8 @@ _tuned_kernel = triton.autotune(
 
 def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
     """Few, large programs: the interpreter's cost grows with the program count, not the tile size."""
-    block_m = max(unit_m, min(128, triton.next_power_of_2(m)))
-    block_k = max(unit_k, min(65536 // block_m, triton.next_power_of_2(k)))
+    block_k = max(unit_k, min(2048, triton.next_power_of_2(k)))
+    block_m = max(unit_m, min(65536 // block_k, triton.next_power_of_2(m)))
     return {"BLOCK_M": block_m, "BLOCK_K": block_k}
 
 
