@@ -1,0 +1,587 @@
+"""Pretraining loop: one :class:`Trainer` for every recipe, one GPU or many (``torchrun``), or CPU.
+
+What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches per rank):
+
+1. the model (:mod:`adahop.model`) is built from a named size and the tokenizer's vocabulary,
+   converted with ``adahop.convert(model, recipe)`` (every linear but the LM head), optionally
+   ``torch.compile``-d, and wrapped in DDP when ``WORLD_SIZE > 1``;
+2. forward + backward under bf16 autocast on CUDA (fp32 on CPU, see :class:`TrainConfig`),
+   gradients all-reduced by DDP on the last micro-batch only;
+3. the loss (mean over ranks) and the gradient norm are checked: a non-finite value stops the
+   run with :class:`NonFiniteLossError` *before* the update, so the last checkpoint stays good;
+4. clip, AdamW step (fused on CUDA), warmup + cosine LR, then ``adahop.on_optimizer_step(model)``
+   (which advances a recipe's calibration);
+5. every ``eval_interval`` steps the held-out loss; every ``checkpoint_interval`` steps an atomic
+   checkpoint (model with the layers' extra state = calibrated strategies, optimizer, scheduler,
+   each rank's data-sampler and RNG states); a JSONL metrics line per ``log_interval`` steps.
+
+A run restarted with the same ``out_dir`` resumes from its latest checkpoint and continues on the
+same loss curve (``tests/test_train.py`` checks per-step losses bit-for-bit on CPU).
+
+Throughput is measured as tokens per second of wall time between log lines (eval and checkpoint
+time excluded), MFU as ``flops_per_token · tokens/s / (peak · world_size)`` with
+:meth:`adahop.model.LlamaConfig.flops_per_token` (6N + 12·L·H·Q·T) and the dense bf16 peak of
+:data:`PEAK_BF16_FLOPS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import random
+import re
+import resource
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import adahop
+from adahop.model import Llama, LlamaConfig
+from adahop.provenance import atomic_write_text
+
+# Dense bf16 tensor-core peaks (FLOP/s) by a substring of the CUDA device name; the first match
+# wins, so the more specific names come first. Unknown devices (and CPUs) report no MFU.
+PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
+    ("H200", 989e12),
+    ("H100 PCIe", 756e12),
+    ("H100", 989e12),
+    ("A100", 312e12),
+    ("B200", 2250e12),
+)
+
+# Keys a resumed run may change without changing its loss curve.
+RESUMABLE_CHANGES = frozenset({"eval_interval", "eval_batches", "checkpoint_interval", "keep_checkpoints",
+                               "log_interval", "compile"})
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """Everything that defines a run; checkpoints and results record it.
+
+    Batch: ``batch_size`` sequences of ``seq_len`` tokens per micro-batch per rank; one optimizer
+    step sees ``batch_size · grad_accum · world_size`` sequences. ``steps`` optimizer steps, or
+    fewer when ``max_tokens`` (training tokens, all ranks) is reached first — the LR schedule is
+    laid out over the steps actually run. ``precision``: ``"auto"`` is bf16 autocast on CUDA and
+    plain fp32 on CPU (CPU bf16 matmuls are slow on most hosts and buy the smoke tests nothing);
+    ``"bf16"`` or ``"fp32"`` force one. ``recipe_overrides`` go to ``adahop.convert``.
+    ``eval_interval``/``checkpoint_interval`` of 0 mean only at the end; ``eval_batches`` (per
+    rank) of 0 means the whole held-out split.
+    """
+
+    model: str = "tiny"
+    recipe: str = "bf16"
+    seed: int = 0
+    steps: int = 200
+    max_tokens: int | None = None
+    batch_size: int = 8
+    grad_accum: int = 1
+    seq_len: int = 256
+    lr: float = 3e-3
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    eval_interval: int = 50
+    eval_batches: int = 8
+    checkpoint_interval: int = 100
+    keep_checkpoints: int = 2
+    log_interval: int = 1
+    precision: str = "auto"
+    compile: bool = False
+    recipe_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "seq_len", "log_interval", "keep_checkpoints"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "eval_interval", "eval_batches", "checkpoint_interval"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.precision not in ("auto", "bf16", "fp32"):
+            raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio}")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown training config keys {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    def total_steps(self, world_size: int) -> int:
+        if self.max_tokens is None:
+            return self.steps
+        per_step = self.batch_size * self.grad_accum * self.seq_len * world_size
+        return max(1, min(self.steps, self.max_tokens // per_step))
+
+
+class NonFiniteLossError(RuntimeError):
+    """Loss or gradient norm became NaN/Inf; the message names the step and the last good checkpoint."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Small pieces: schedule, recipe adapter, distributed set-up, device facts
+# ---------------------------------------------------------------------------------------------
+
+class WarmupCosine:
+    """LR multiplier for step ``s`` (0-based): linear warmup ``(s+1)/warmup`` to 1, then a cosine
+    from 1 to ``min_ratio`` at ``total - 1``. A callable object so ``LambdaLR`` checkpoints it."""
+
+    def __init__(self, warmup: int, total: int, min_ratio: float):
+        self.warmup, self.total, self.min_ratio = warmup, total, min_ratio
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        progress = min(1.0, (step - self.warmup) / max(1, self.total - 1 - self.warmup))
+        return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def apply_recipe(model: nn.Module, recipe: str, seed: int, **overrides: Any) -> nn.Module:
+    """``adahop.convert(model, recipe, seed=seed, **overrides)`` (the recipe derives its stochastic
+    rounding and random signs from the run's seed); a checkout without the recipes module can
+    still train ``bf16`` (plain ``nn.Linear``), nothing else."""
+    if hasattr(adahop, "convert"):
+        return adahop.convert(model, recipe, **{"seed": seed, **overrides})
+    if recipe != "bf16" or overrides:
+        raise ValueError(f"recipe {recipe!r} needs adahop.convert (adahop/recipes.py), which is not available")
+    return model
+
+
+def after_optimizer_step(model: nn.Module) -> None:
+    if hasattr(adahop, "on_optimizer_step"):
+        adahop.on_optimizer_step(model)
+
+
+def strategies_of(model: nn.Module) -> dict[str, Any]:
+    return adahop.export_strategies(model) if hasattr(adahop, "export_strategies") else {}
+
+
+@dataclasses.dataclass
+class DistInfo:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistInfo:
+    """Join the ``torchrun`` process group (NCCL on CUDA, gloo on CPU) when ``WORLD_SIZE > 1``."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return DistInfo()
+    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            torch.cuda.set_device(info.local_rank)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return info
+
+
+def peak_bf16_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Batches: the data module's sampler, or random tokens for throughput runs
+# ---------------------------------------------------------------------------------------------
+
+class RandomTokenBatches:
+    """Endless ``(x, y)`` int64 ``(batch_size, seq_len)`` batches of uniform random tokens, drawn
+    from a generator seeded by ``(seed, rank)``: the data of throughput runs, where only shapes
+    matter. ``state_dict`` holds the generator, so it resumes like the real sampler."""
+
+    def __init__(self, vocab_size: int, seq_len: int, batch_size: int, seed: int = 0, rank: int = 0):
+        self.vocab_size, self.shape = vocab_size, (batch_size, seq_len + 1)
+        self.generator = torch.Generator().manual_seed(seed * 1000003 + rank)
+
+    def __iter__(self) -> "RandomTokenBatches":
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = torch.randint(0, self.vocab_size, self.shape, generator=self.generator)
+        return tokens[:, :-1], tokens[:, 1:]
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+
+
+def read_vocab_size(data_dir: str | Path) -> int:
+    from adahop.data import read_meta
+
+    return int(read_meta(data_dir)["vocab_size"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+class Trainer:
+    """Builds model, optimizer and schedule for ``cfg`` and runs it (see the module docstring).
+
+    ``train_batches``: an iterator of ``(x, y)`` int64 ``(batch_size, seq_len)`` tensors with
+    ``state_dict``/``load_state_dict`` (this rank's share). ``eval_batches``: a callable returning
+    an iterable of this rank's held-out ``(x, y)`` (``None``: no evaluation). ``out_dir``: where
+    ``metrics.jsonl``, ``checkpoints/`` and ``strategies.json`` go (``None``: nothing written, as in
+    throughput runs); a run whose ``out_dir`` holds checkpoints resumes from the latest.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        vocab_size: int,
+        train_batches: Iterator,
+        eval_batches: Callable[[], Iterable] | None = None,
+        out_dir: str | Path | None = None,
+        dist_info: DistInfo | None = None,
+        device: torch.device | str | None = None,
+        progress: bool = True,
+    ):
+        self.cfg = cfg
+        self.dist = dist_info or DistInfo()
+        self.device = torch.device(device) if device is not None else (
+            torch.device("cuda", self.dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
+        )
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.train_batches, self.eval_batches = train_batches, eval_batches
+        self.progress = progress and self.dist.is_main
+        self.total_steps = cfg.total_steps(self.dist.world_size)
+        self.tokens_per_step = cfg.batch_size * cfg.grad_accum * cfg.seq_len * self.dist.world_size
+
+        # The same seed on every rank gives the same initial weights (DDP also broadcasts them).
+        torch.manual_seed(cfg.seed)
+        self.model_config = LlamaConfig.from_name(cfg.model, vocab_size=vocab_size, max_seq_len=cfg.seq_len)
+        with torch.device(self.device):
+            model = Llama(self.model_config)
+        self.model = apply_recipe(model, cfg.recipe, cfg.seed, **cfg.recipe_overrides)
+        self.runner: nn.Module = torch.compile(self.model) if cfg.compile else self.model
+        self.ddp: nn.Module = self.runner
+        if self.dist.world_size > 1:
+            self.ddp = nn.parallel.DistributedDataParallel(
+                self.runner, device_ids=[self.device.index] if self.device.type == "cuda" else None
+            )
+
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=self.device.type == "cuda",
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, WarmupCosine(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
+        )
+        use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
+        self.autocast = (
+            (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
+        )
+        self.flops_per_token = self.model_config.flops_per_token(cfg.seq_len)
+        self.peak_flops = peak_bf16_flops(self.device)
+
+        self.step = 0
+        self.best_val_loss: float | None = None
+        self.last_checkpoint: Path | None = None
+        self.history: list[dict[str, Any]] = []
+        if self.out_dir is not None:
+            self._resume()
+
+    # -- files ---------------------------------------------------------------------------------
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        assert self.out_dir is not None
+        return self.out_dir / "checkpoints"
+
+    def checkpoints(self) -> list[Path]:
+        """Complete checkpoints in step order (a write in progress has a temp name)."""
+        if self.out_dir is None or not self.checkpoint_dir.is_dir():
+            return []
+        return sorted(p for p in self.checkpoint_dir.iterdir() if re.fullmatch(r"step_\d{8}\.pt", p.name))
+
+    def _log(self, record: dict[str, Any]) -> None:
+        self.history.append(record)
+        if self.out_dir is not None and self.dist.is_main:
+            with open(self.out_dir / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def _gather(self, obj: Any) -> list[Any]:
+        if self.dist.world_size == 1:
+            return [obj]
+        out: list[Any] = [None] * self.dist.world_size
+        dist.all_gather_object(out, obj)
+        return out
+
+    def save_checkpoint(self) -> Path | None:
+        """Atomic: written to a temp file in the same folder, then renamed. Rank 0 writes; every
+        rank contributes its sampler and RNG states."""
+        per_rank = self._gather({"data": self.train_batches.state_dict(), "rng": rng_state()})
+        strategies = self._gather(strategies_of(self.model))
+        if self.out_dir is None or not self.dist.is_main:
+            return None
+        if any(s != strategies[0] for s in strategies):
+            warnings.warn("calibrated strategies differ between ranks; the checkpoint keeps rank 0's")
+        state = {
+            "step": self.step,
+            "config": dataclasses.asdict(self.cfg),
+            "world_size": self.dist.world_size,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "ranks": per_rank,
+            "best_val_loss": self.best_val_loss,
+        }
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        path = self.checkpoint_dir / f"step_{self.step:08d}.pt"
+        tmp = path.with_name(f".{path.name}.tmp")
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        atomic_write_text(self.out_dir / "strategies.json", json.dumps(strategies[0], indent=1, default=str) + "\n")
+        for old in self.checkpoints()[: -self.cfg.keep_checkpoints]:
+            old.unlink()
+        self.last_checkpoint = path
+        return path
+
+    def _resume(self) -> None:
+        assert self.out_dir is not None
+        if self.dist.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        found = self.checkpoints()
+        if not found:
+            if self.dist.is_main:
+                (self.out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            return
+        # On the CPU: RNG states must stay CPU tensors; weights and optimizer state are copied to
+        # their parameters' device by load_state_dict.
+        state = torch.load(found[-1], map_location="cpu", weights_only=False)
+        changed = sorted(
+            k for k, v in dataclasses.asdict(self.cfg).items()
+            if k not in RESUMABLE_CHANGES and state["config"].get(k) != v
+        )
+        if changed:
+            raise ValueError(f"{found[-1]} was written with a different config ({changed}); use another out_dir")
+        if state["world_size"] != self.dist.world_size:
+            raise ValueError(f"{found[-1]} was written by {state['world_size']} ranks, this run has {self.dist.world_size}")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        mine = state["ranks"][self.dist.rank]
+        self.train_batches.load_state_dict(mine["data"])
+        set_rng_state(mine["rng"])
+        self.step, self.best_val_loss, self.last_checkpoint = state["step"], state["best_val_loss"], found[-1]
+        # Lines logged after the checkpoint belong to the lost part of the interrupted run.
+        metrics = self.out_dir / "metrics.jsonl"
+        if self.dist.is_main and metrics.exists():
+            kept = [line for line in metrics.read_text().splitlines() if json.loads(line).get("step", 0) <= self.step]
+            atomic_write_text(metrics, "".join(line + "\n" for line in kept))
+            self.history = [json.loads(line) for line in kept]
+
+    # -- steps ---------------------------------------------------------------------------------
+
+    def _to_device(self, batch: tuple[Any, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = (torch.as_tensor(t).to(self.device, torch.int64, non_blocking=True) for t in batch)
+        return x, y
+
+    def _mean_over_ranks(self, values: torch.Tensor) -> torch.Tensor:
+        if self.dist.world_size > 1:
+            dist.all_reduce(values)  # SUM: gloo has no AVG
+            values = values / self.dist.world_size
+        return values
+
+    def train_step(self) -> dict[str, float]:
+        """One optimizer step; returns the rank-mean loss, grad norm and the LR it used."""
+        self.ddp.train()
+        loss_sum = torch.zeros((), device=self.device)
+        for micro in range(self.cfg.grad_accum):
+            x, y = self._to_device(next(self.train_batches))
+            last = micro == self.cfg.grad_accum - 1
+            sync = self.ddp.no_sync() if self.dist.world_size > 1 and not last else contextlib.nullcontext()
+            with sync:
+                with self.autocast():
+                    _, loss = self.ddp(x, y)
+                (loss / self.cfg.grad_accum).backward()
+            loss_sum += loss.detach().float()
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        loss_v, norm_v = self._mean_over_ranks(
+            torch.stack([loss_sum / self.cfg.grad_accum, grad_norm.float()])
+        ).tolist()
+        step = self.step + 1
+        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+            self.optimizer.zero_grad(set_to_none=True)
+            self._log({"step": step, "event": "non-finite", "loss": str(loss_v), "grad_norm": str(norm_v)})
+            kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
+                    else "no checkpoint was written before it")
+            raise NonFiniteLossError(
+                f"non-finite training loss {loss_v} (grad norm {norm_v}) at step {step}; "
+                f"stopped before applying the update, {kept}"
+            )
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        after_optimizer_step(self.model)
+        self.step = step
+        return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean held-out loss over this rank's eval batches, averaged over ranks (batch-weighted)."""
+        if self.eval_batches is None:
+            return None
+        self.runner.eval()
+        total = torch.zeros(2, device=self.device, dtype=torch.float64)
+        for batch in self.eval_batches():
+            x, y = self._to_device(batch)
+            with self.autocast():
+                _, loss = self.runner(x, y)
+            total += torch.stack([loss.double(), torch.ones((), device=self.device, dtype=torch.float64)])
+        if self.dist.world_size > 1:
+            dist.all_reduce(total)
+        self.runner.train()
+        if total[1] == 0:
+            raise ValueError("the held-out split gave no eval batches (too few tokens for one sequence?)")
+        return (total[0] / total[1]).item()
+
+    def run(self) -> list[dict[str, Any]]:
+        """Train to ``total_steps`` (from the resumed step); returns the logged records."""
+        cfg = self.cfg
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        # Throughput clock: wall time between log lines minus the time spent evaluating and saving.
+        t_last, steps_since, paused = time.perf_counter(), 0, 0.0
+        try:
+            while self.step < self.total_steps:
+                out = self.train_step()
+                steps_since += 1
+                final = self.step == self.total_steps
+                record: dict[str, Any] = {}
+                if self.step % cfg.log_interval == 0 or final:
+                    if self.device.type == "cuda":
+                        torch.cuda.synchronize(self.device)
+                    tps = steps_since * self.tokens_per_step / (time.perf_counter() - t_last - paused)
+                    t_last, steps_since, paused = time.perf_counter(), 0, 0.0
+                    record = {
+                        "step": self.step,
+                        "tokens": self.step * self.tokens_per_step,
+                        **out,
+                        "tokens_per_s": tps,
+                        "mfu": (self.flops_per_token * tps / (self.peak_flops * self.dist.world_size)
+                                if self.peak_flops else None),
+                        "peak_mem_gib": peak_memory_gib(self.device),
+                    }
+                    if bar is not None:
+                        bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tps:,.0f}")
+                t_pause = time.perf_counter()
+                if (cfg.eval_interval and self.step % cfg.eval_interval == 0) or final:
+                    val = self.evaluate()
+                    if val is not None:
+                        self.best_val_loss = val if self.best_val_loss is None else min(self.best_val_loss, val)
+                        record = {"step": self.step, "tokens": self.step * self.tokens_per_step, **record,
+                                  "val_loss": val}
+                if record:
+                    self._log(record)
+                if self.out_dir is not None and ((cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0)
+                                                 or final):
+                    self.save_checkpoint()
+                paused += time.perf_counter() - t_pause
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        return self.history
+
+
+def summarize(history: list[dict[str, Any]], points: int = 20) -> dict[str, Any]:
+    """Headline numbers of a run from its metrics records: final and best held-out loss, tokens,
+    median tokens/s and MFU over the log intervals after the first (compilation and warm-up),
+    peak memory, and the training-loss curve at about ``points`` evenly spaced steps."""
+    train = [r for r in history if "loss" in r and "tokens_per_s" in r]
+    val = [r for r in history if r.get("val_loss") is not None]
+    steady = train[1:] or train
+    tps = [r["tokens_per_s"] for r in steady]
+    mfu = [r["mfu"] for r in steady if r.get("mfu") is not None]
+    every = max(1, len(train) // points)
+    return {
+        "steps": train[-1]["step"] if train else 0,
+        "tokens": train[-1]["tokens"] if train else 0,
+        "final_loss": train[-1]["loss"] if train else None,
+        "final_val_loss": val[-1]["val_loss"] if val else None,
+        "best_val_loss": min(r["val_loss"] for r in val) if val else None,
+        "tokens_per_s": statistics.median(tps) if tps else None,
+        "mfu": statistics.median(mfu) if mfu else None,
+        "peak_mem_gib": max(r["peak_mem_gib"] for r in train) if train else None,
+        "loss_curve": [{"step": r["step"], "loss": r["loss"]} for r in train[::every]],
+        "val_curve": [{"step": r["step"], "val_loss": r["val_loss"]} for r in val],
+    }
+
+
+def corpus_batches(
+    data_dir: str | Path, cfg: TrainConfig, dist_info: DistInfo
+) -> tuple[int, Iterator, Callable[[], Iterable]]:
+    """``(vocab_size, train batches, held-out batches)`` of a corpus directory for this rank,
+    through :mod:`adahop.data` (the sampler resumes from its ``state_dict``)."""
+    from adahop import data
+
+    vocab_size = read_vocab_size(data_dir)
+    train = data.TokenBatches(data_dir, "train", cfg.seq_len, cfg.batch_size, cfg.seed,
+                              dist_info.rank, dist_info.world_size)
+
+    def held_out() -> Iterable:
+        return data.iter_eval_batches(data_dir, cfg.seq_len, cfg.batch_size, split="val", rank=dist_info.rank,
+                                      world_size=dist_info.world_size, max_batches=cfg.eval_batches or None)
+
+    return vocab_size, train, held_out

@@ -1,0 +1,193 @@
+"""Pretrain a Llama-style model with one recipe, or measure training throughput of several.
+
+Training (one run; resumes when ``--out`` holds checkpoints)::
+
+    python experiments/pretrain.py --config config/smoke.yaml --model tiny --recipe bf16 --seed 0 \\
+        --data data/<corpus> --out runs/<name> [--results results/pretrain/<name>.json] \\
+        [--steps N --batch-size B --grad-accum A --seq-len T --lr LR --eval-interval N --max-tokens N --compile]
+
+writes ``<out>/metrics.jsonl``, ``<out>/checkpoints/``, ``<out>/strategies.json``, ``<out>/hf/``
+(a ``LlamaForCausalLM`` directory, exported at the end) and the results file (final/best held-out
+loss, tokens, tokens/s, MFU, peak memory, loss curve). Several GPUs:
+``torchrun --standalone --nproc_per_node=2 experiments/pretrain.py ...`` (same arguments;
+``--batch-size`` is per GPU).
+
+Throughput (random tokens, no eval, no files but the results)::
+
+    python experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \\
+        --recipe bf16,adahop --seq-len 2048 --batch-size 32 --compile --steps 30 \\
+        --results results/pretrain/throughput_125m.json
+
+runs ``--untimed-steps`` (default 40: compilation, warm-up and a recipe's 30 calibration steps)
+and then ``--steps`` timed steps for each recipe in turn, in the same process, so every recipe is
+measured beside its peers.
+
+Settings come from the ``pretrain`` section of the profile: every key that is a field of
+:class:`adahop.train.TrainConfig` is a default, the command line overrides it; other keys of the
+section are the workflow's (the profile's schema checks them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from adahop.data import read_meta
+from adahop.model import REFERENCE_VOCAB, export_hf
+from adahop.provenance import write_results
+from adahop.train import (
+    RandomTokenBatches,
+    TrainConfig,
+    Trainer,
+    corpus_batches,
+    init_distributed,
+    read_vocab_size,
+    summarize,
+)
+
+# Command-line flags that override TrainConfig fields of the same name.
+OVERRIDES = ("model", "recipe", "seed", "steps", "batch_size", "grad_accum", "seq_len", "lr", "warmup_steps",
+             "eval_interval", "eval_batches", "checkpoint_interval", "max_tokens", "compile", "precision")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", required=True, help="profile YAML (its 'pretrain' section)")
+    p.add_argument("--data", help="corpus directory (train.bin, val.bin, meta.json, tokenizer.json)")
+    p.add_argument("--out", help="run directory (metrics, checkpoints, strategies, hf export)")
+    p.add_argument("--results", help="results JSON (default results/pretrain/<name of --out>.json)")
+    p.add_argument("--model")
+    p.add_argument("--recipe", help="a recipe name; with --throughput-only a comma-separated list")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", type=int, help="sequences per micro-batch per rank")
+    p.add_argument("--grad-accum", type=int)
+    p.add_argument("--seq-len", type=int)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--warmup-steps", type=int)
+    p.add_argument("--eval-interval", type=int)
+    p.add_argument("--eval-batches", type=int)
+    p.add_argument("--checkpoint-interval", type=int)
+    p.add_argument("--max-tokens", type=int)
+    p.add_argument("--precision", choices=("auto", "bf16", "fp32"))
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--throughput-only", action="store_true", help="random tokens, timed steps, no files")
+    p.add_argument("--untimed-steps", type=int, default=40, help="throughput: steps run before timing")
+    p.add_argument("--vocab-size", type=int, help=f"throughput without --data (default {REFERENCE_VOCAB})")
+    args = p.parse_args(argv)
+    if not args.throughput_only and (args.data is None or args.out is None):
+        p.error("--data and --out are required (unless --throughput-only)")
+    if args.throughput_only and args.results is None:
+        p.error("--throughput-only needs --results")
+    return args
+
+
+def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
+    """Profile section ``pretrain`` (TrainConfig fields only), then command-line overrides."""
+    profile = yaml.safe_load(Path(args.config).read_text()) or {}
+    section = profile.get("pretrain") or {}
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    values = {k: v for k, v in section.items() if k in fields}
+    values.update({k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None})
+    values.update(forced)
+    return TrainConfig.from_dict(values)
+
+
+def run_training(args: argparse.Namespace) -> None:
+    info = init_distributed()
+    cfg = resolve_config(args)
+    vocab_size, train_batches, eval_batches = corpus_batches(args.data, cfg, info)
+    trainer = Trainer(cfg, vocab_size, train_batches, eval_batches, out_dir=args.out, dist_info=info,
+                      progress=not args.no_progress)
+    history = trainer.run()
+    if not info.is_main:
+        return
+    out = Path(args.out)
+    meta = read_meta(args.data)
+    export_hf(trainer.model, Path(args.data) / "tokenizer.json", out / "hf",
+              bos_token=meta.get("bos_token"), eos_token=meta.get("eos_token"))
+    name = out.name
+    results = Path(args.results) if args.results else Path("results/pretrain") / f"{name}.json"
+    record = {
+        "name": name,
+        "model": cfg.model,
+        "recipe": cfg.recipe,
+        "params": trainer.model_config.num_params(),
+        "world_size": info.world_size,
+        "tokens_per_step": trainer.tokens_per_step,
+        "run_dir": str(out),
+        **summarize(history),
+    }
+    write_results(results, [record], config={**dataclasses.asdict(cfg), "data": str(args.data)},
+                  seed=cfg.seed, device=trainer.device)
+    print(f"pretrain: {name}: val loss {record['final_val_loss']}, {record['tokens_per_s']:,.0f} tokens/s -> {results}")
+
+
+def run_throughput(args: argparse.Namespace) -> None:
+    info = init_distributed()
+    recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
+    vocab_size = read_vocab_size(args.data) if args.data else (args.vocab_size or REFERENCE_VOCAB)
+    records, configs = [], {}
+    for recipe in recipes:
+        base = resolve_config(args, recipe=recipe)
+        timed = base.steps
+        cfg = dataclasses.replace(base, steps=args.untimed_steps + timed, eval_interval=0, checkpoint_interval=0,
+                                  log_interval=1, max_tokens=None)
+        batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
+        trainer = Trainer(cfg, vocab_size, batches, dist_info=info, progress=not args.no_progress)
+        history = trainer.run()[args.untimed_steps:]
+        seconds = sum(trainer.tokens_per_step / r["tokens_per_s"] for r in history)
+        tps = len(history) * trainer.tokens_per_step / seconds
+        records.append({
+            "model": cfg.model,
+            "recipe": recipe,
+            "params": trainer.model_config.num_params(),
+            "world_size": info.world_size,
+            "batch_size": cfg.batch_size,
+            "seq_len": cfg.seq_len,
+            "compile": cfg.compile,
+            "timed_steps": len(history),
+            "step_time_s": seconds / len(history),
+            "tokens_per_s": tps,
+            "mfu": (trainer.flops_per_token * tps / (trainer.peak_flops * info.world_size)
+                    if trainer.peak_flops else None),
+            "flops_per_token": trainer.flops_per_token,
+            "peak_mem_gib": max(r["peak_mem_gib"] for r in history),
+            "final_loss": history[-1]["loss"],
+        })
+        configs[recipe] = dataclasses.asdict(cfg)
+        if info.is_main:
+            r = records[-1]
+            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
+            print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB")
+        del trainer, batches
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    if info.is_main:
+        write_results(args.results, records, config={"throughput_only": True, "untimed_steps": args.untimed_steps,
+                                                     "vocab_size": vocab_size, "runs": configs},
+                      seed=configs[recipes[0]]["seed"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        (run_throughput if args.throughput_only else run_training)(args)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,246 @@
+"""adahop.train and experiments/pretrain.py on CPU: learning, exact resume, NaN stop, CLI, DDP (gloo)."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import adahop
+from adahop import data
+from adahop.model import export_hf, load_hf
+from adahop.provenance import REPO_ROOT, read_results
+from adahop.train import (
+    DistInfo,
+    NonFiniteLossError,
+    RandomTokenBatches,
+    TrainConfig,
+    Trainer,
+    WarmupCosine,
+    corpus_batches,
+    summarize,
+)
+
+SCRIPT = REPO_ROOT / "experiments" / "pretrain.py"
+SMALL = dict(model="tiny", seq_len=64, batch_size=4, lr=3e-3, warmup_steps=2, eval_interval=4, eval_batches=2,
+             checkpoint_interval=4, steps=8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The tiny model's ops are too small to gain from a second thread, and on a shared 2-core
+    machine the hand-off between threads costs several times the work."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A data folder built by adahop.data from documents of a small random grammar: a 400-token
+    BPE, ~40k uint16 train tokens, ~4k held out."""
+    rng = np.random.default_rng(0)
+    subjects, verbs, objects = (["the cat", "a dog", "my friend", "the king", "an old man"],
+                                ["sees", "likes", "eats", "finds", "holds"],
+                                ["the ball", "a red apple", "the sword", "some bread", "a small boat"])
+    docs = [" ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(10))
+            for _ in range(900)]
+    out = tmp_path_factory.mktemp("corpus")
+    for split, part in (("train", docs[:810]), ("val", docs[810:])):
+        data.write_jsonl(out / "text" / f"{split}.jsonl",
+                         ({"id": f"{split}-{i}", "source": "grammar", "text": t} for i, t in enumerate(part)))
+    data.write_shards(out, vocab_size=400)
+    return out
+
+
+def make_trainer(corpus, out_dir, **overrides) -> Trainer:
+    cfg = TrainConfig(**{**SMALL, **overrides})
+    vocab, train, held_out = corpus_batches(corpus, cfg, DistInfo())
+    return Trainer(cfg, vocab, train, held_out, out_dir=out_dir, progress=False)
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r and "event" not in r}
+
+
+class StepHook:
+    """A forward hook on the first block that acts at a given training step (1-based)."""
+
+    def __init__(self, at_step: int, action: str):
+        self.at_step, self.action, self.calls = at_step, action, 0
+
+    def __call__(self, module, args, output):
+        if not module.training:
+            return None
+        self.calls += 1
+        if self.calls != self.at_step:
+            return None
+        if self.action == "kill":
+            raise KeyboardInterrupt("simulated kill")
+        return output * float("nan")
+
+
+def test_warmup_cosine_schedule():
+    f = WarmupCosine(warmup=4, total=14, min_ratio=0.1)
+    assert [f(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert f(4) == 1.0 and math.isclose(f(13), 0.1) and math.isclose(f(9), 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 5 / 9)))
+    assert all(f(s) >= f(s + 1) for s in range(4, 20))
+
+
+def test_bf16_recipe_learns_and_logs(corpus, tmp_path):
+    trainer = make_trainer(corpus, tmp_path / "run", steps=24, eval_interval=12)
+    history = trainer.run()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 25))
+    for key in ("tokens", "loss", "lr", "grad_norm", "tokens_per_s", "mfu", "peak_mem_gib"):
+        assert key in rows[0], key
+    assert rows[-1]["tokens"] == 24 * 4 * 64
+    vals = [r["val_loss"] for r in rows if "val_loss" in r]
+    assert len(vals) == 2 and vals[1] < vals[0] < math.log(trainer.model_config.vocab_size)
+    assert rows[-1]["loss"] < rows[0]["loss"] - 1.0
+    summary = summarize(history)
+    assert summary["final_val_loss"] == vals[-1] and summary["best_val_loss"] == min(vals)
+    assert [c.name for c in trainer.checkpoints()] == ["step_00000020.pt", "step_00000024.pt"]
+
+
+def test_resume_after_kill_continues_the_same_loss_curve(corpus, tmp_path):
+    make_trainer(corpus, tmp_path / "straight").run()
+
+    killed = make_trainer(corpus, tmp_path / "killed")
+    killed.model.model.layers[0].register_forward_hook(StepHook(at_step=7, action="kill"))
+    with pytest.raises(KeyboardInterrupt):
+        killed.run()
+    assert max(losses(tmp_path / "killed")) == 6  # steps 5–6 were logged after the step-4 checkpoint
+    resumed = make_trainer(corpus, tmp_path / "killed")
+    assert resumed.step == 4
+    resumed.run()
+
+    straight, again = losses(tmp_path / "straight"), losses(tmp_path / "killed")
+    assert list(again) == list(range(1, 9))
+    assert again == straight  # bit-for-bit on CPU
+
+
+def test_resume_refuses_a_different_config(corpus, tmp_path):
+    make_trainer(corpus, tmp_path / "run", steps=4).run()
+    with pytest.raises(ValueError, match="different config.*lr"):
+        make_trainer(corpus, tmp_path / "run", steps=4, lr=1e-3)
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path):
+    trainer = make_trainer(corpus, tmp_path / "run")
+    trainer.model.model.layers[0].register_forward_hook(StepHook(at_step=6, action="nan"))
+    with pytest.raises(NonFiniteLossError, match=r"at step 6.*step_00000004\.pt"):
+        trainer.run()
+    assert [c.name for c in trainer.checkpoints()] == ["step_00000004.pt"]
+    state = torch.load(trainer.checkpoints()[0], weights_only=False)
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if torch.is_tensor(v))
+    assert trainer.step == 5  # the bad update was never applied
+
+
+def test_max_tokens_caps_the_run(corpus, tmp_path):
+    trainer = make_trainer(corpus, tmp_path / "run", steps=100, max_tokens=5 * 4 * 64 + 10)
+    assert trainer.total_steps == 5
+
+
+def test_config_rejects_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="unknown training config keys"):
+        TrainConfig.from_dict({"learning_rate": 1e-3})
+    with pytest.raises(ValueError, match="batch_size"):
+        TrainConfig(batch_size=0)
+    with pytest.raises(ValueError, match="precision"):
+        TrainConfig(precision="fp8")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("pretrain_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def profile(tmp_path):
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump({"pretrain": {k: v for k, v in SMALL.items() if k != "model"} | {"log_interval": 1},
+                                    "other_stage": {"x": 1}}))
+    return path
+
+
+def test_cli_writes_run_dir_hf_export_and_results(corpus, profile, tmp_path):
+    out, results = tmp_path / "runs" / "tiny_bf16_s0", tmp_path / "results" / "tiny_bf16_s0.json"
+    load_script().main(["--config", str(profile), "--model", "tiny", "--recipe", "bf16", "--seed", "0",
+                        "--data", str(corpus), "--out", str(out), "--results", str(results),
+                        "--steps", "6", "--no-progress"])
+    record = read_results(results)["records"][0]
+    assert record["steps"] == 6 and record["tokens"] == 6 * 4 * 64 and record["final_val_loss"] is not None
+    assert read_results(results)["provenance"]["config"]["seq_len"] == 64  # from the profile
+    assert (out / "strategies.json").exists() and (out / "checkpoints" / "step_00000006.pt").exists()
+    model = load_hf(out / "hf")
+    ids = torch.randint(0, model.config.vocab_size, (1, 16))
+    trainer_state = torch.load(out / "checkpoints" / "step_00000006.pt", weights_only=False)["model"]
+    assert torch.equal(model.state_dict()["model.norm.weight"], trainer_state["model.norm.weight"])
+    assert torch.isfinite(model(ids)[0]).all()
+
+
+def test_cli_throughput_only(profile, tmp_path):
+    results = tmp_path / "throughput.json"
+    load_script().main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--recipe", "bf16",
+                        "--vocab-size", "512", "--untimed-steps", "2", "--steps", "3", "--results", str(results),
+                        "--no-progress"])
+    (record,) = read_results(results)["records"]
+    assert record["recipe"] == "bf16" and record["timed_steps"] == 3 and record["tokens_per_s"] > 0
+    assert record["mfu"] is None  # no peak FLOP/s for a CPU
+
+
+def test_random_token_batches_resume():
+    a = RandomTokenBatches(100, 8, 2, seed=1)
+    next(a)
+    b = RandomTokenBatches(100, 8, 2, seed=1)
+    b.load_state_dict(a.state_dict())
+    assert all(torch.equal(u, v) for u, v in zip(next(a), next(b)))
+
+
+@pytest.mark.skipif(not hasattr(adahop, "convert"), reason="adahop.convert (recipes) not in this checkout")
+@pytest.mark.parametrize("recipe", ["mxfp4", "adahop"])
+def test_quantized_recipes_train_and_resume_with_strategies(corpus, tmp_path, recipe):
+    overrides = {"recipe_overrides": {"calibration_steps": 2}} if recipe == "adahop" else {}
+    trainer = make_trainer(corpus, tmp_path / "run", recipe=recipe, steps=4, checkpoint_interval=4, **overrides)
+    trainer.run()
+    rows = losses(tmp_path / "run")
+    assert all(math.isfinite(v) for v in rows.values()) and rows[4] < rows[1]
+    strategies = json.loads((tmp_path / "run" / "strategies.json").read_text())
+    assert strategies == adahop.export_strategies(trainer.model)
+    hf = load_hf(export_hf(trainer.model, corpus / "tokenizer.json", tmp_path / "hf"))
+    assert torch.equal(hf.model.layers[0].mlp.up_proj.weight, trainer.model.model.layers[0].mlp.up_proj.weight)
+    if recipe == "adahop":
+        assert all(layer["phase"] == "fixed" for layer in strategies.values()), "calibration did not finish"
+        resumed = make_trainer(corpus, tmp_path / "run", recipe=recipe, steps=4, checkpoint_interval=4, **overrides)
+        assert adahop.export_strategies(resumed.model) == strategies
+
+
+@pytest.mark.distributed
+def test_ddp_gloo_two_ranks_matches_one_process(corpus, profile, tmp_path):
+    """2 ranks × 2 sequences against 1 process × 4 sequences: the same global batch, so the same
+    loss curve up to the order of the float reductions (DDP averages two half-batch gradients)."""
+    common = ["--config", str(profile), "--model", "tiny", "--data", str(corpus), "--steps", "4",
+              "--checkpoint-interval", "0", "--no-progress"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    str(SCRIPT), *common, "--batch-size", "2", "--out", str(tmp_path / "ddp"),
+                    "--results", str(tmp_path / "ddp.json")], check=True, env=env, cwd=REPO_ROOT, timeout=300)
+    load_script().main([*common, "--batch-size", "4", "--out", str(tmp_path / "one"),
+                        "--results", str(tmp_path / "one.json")])
+    two, one = losses(tmp_path / "ddp"), losses(tmp_path / "one")
+    assert list(two) == list(one) == [1, 2, 3, 4]
+    np.testing.assert_allclose(list(two.values()), list(one.values()), rtol=1e-5)
+    assert read_results(tmp_path / "ddp.json")["records"][0]["world_size"] == 2
