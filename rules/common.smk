@@ -19,9 +19,14 @@ from snakemake.utils import validate
 validate(config, "../config/schema.yaml", set_default=False)
 
 PROFILE = config["profile"]
-# The same interpreter that runs snakemake (.venv/bin/python in the quick start), so a rule never
-# picks up another python from PATH.
-PY = sys.executable
+# Jobs run `python` from the environment that runs snakemake (.venv/bin in the quick start, also
+# when the venv is not activated): its folder goes first on PATH. The commands say plain `python`,
+# so their code (a rerun trigger) does not change when the venv moves.
+envvars:
+    "PATH",
+
+
+os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.getenv("PATH", "")])
 # Keys the workflow reads itself; every other key is read by the experiment scripts from the file.
 WORKFLOW_ONLY_KEYS = ("results_from",)
 
@@ -36,22 +41,38 @@ def _profile_file():
 CONFIG_FILE = _profile_file()
 
 
+def _differences(a, b, prefix=""):
+    """Dotted paths of the keys whose values differ between two nested dicts."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [prefix.rstrip(".")]
+    return [d for k in sorted(set(a) | set(b), key=str) for d in _differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+
+
 def _check_scripts_see_this_config():
-    # The scripts read CONFIG_FILE, not snakemake's in-memory config: a --config override of a
-    # stage setting (or a key leaking from config/smoke.yaml into a partial profile) would make
-    # the workflow and the scripts disagree, so it is refused here with the keys named.
+    # The scripts read CONFIG_FILE, not snakemake's in-memory config. A --config override of a
+    # stage setting, or a key of config/smoke.yaml that a partial profile does not set (snakemake
+    # merges --configfile over the Snakefile's configfile), would make the workflow and the
+    # scripts disagree: both are refused here, naming the keys.
     with open(CONFIG_FILE) as f:
-        on_disk = yaml.safe_load(f)
-    differ = sorted(
-        k for k in set(on_disk) | set(config)
-        if k not in WORKFLOW_ONLY_KEYS and on_disk.get(k) != config.get(k)
-    )
-    if differ:
+        on_disk = yaml.safe_load(f) or {}
+    overridden = set(workflow.config_settings.config or {})
+    differ = [
+        d for d in _differences(on_disk, config)
+        if d.split(".")[0] not in WORKFLOW_ONLY_KEYS
+    ]
+    by_override = [d for d in differ if d.split(".")[0] in overridden]
+    leaked = [d for d in differ if d not in by_override]
+    if by_override:
         raise WorkflowError(
-            f"config differs from {CONFIG_FILE} in {differ}: the experiment scripts read "
-            f"{CONFIG_FILE}, so stage settings cannot be changed with --config. Edit the profile "
-            f"or copy it to config/<name>.yaml and pass --configfile config/<name>.yaml "
-            f"(--config may set only {list(WORKFLOW_ONLY_KEYS)})."
+            f"--config sets {by_override}, but the experiment scripts read {CONFIG_FILE}: stage "
+            f"settings cannot be changed with --config (it may set only {list(WORKFLOW_ONLY_KEYS)}). "
+            f"Edit the profile, or copy it to config/<name>.yaml and pass --configfile config/<name>.yaml."
+        )
+    if leaked:
+        raise WorkflowError(
+            f"{CONFIG_FILE} does not set {leaked}, which config/smoke.yaml sets: a profile must set "
+            f"every key the default profile sets (snakemake would fill them in from smoke.yaml, "
+            f"the scripts would not)."
         )
 
 
@@ -80,7 +101,7 @@ def log_path(rule, name="job"):
 
 def script_cmd(script, *args):
     """The shell command of a stage: its script, the profile file, the script's args, the log."""
-    return " ".join([PY, script, "--config", CONFIG_FILE, *args, "> {log} 2>&1"])
+    return " ".join(["python", script, "--config", CONFIG_FILE, *args, "> {log} 2>&1"])
 
 
 def require_committed_results(paths):

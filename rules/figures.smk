@@ -15,7 +15,7 @@ FIGURE_INPUTS = {
     "fig5_memory": [results_path("memory", "memory")],
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
 }
-ALL_RESULTS = sorted({path for paths in FIGURE_INPUTS.values() for path in paths})
+ALL_RESULTS = sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
 FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=("png", "pdf"))
 
 

@@ -1,0 +1,107 @@
+"""What every figure script shares: its command line, reading results files, one style, saving.
+
+Each figure script is called as::
+
+    python paper_figs/<figure>.py [--config config/<profile>.yaml] --out paper_figs/out/<profile>/<figure> \\
+        results/<stage>/<profile>/*.json
+
+and writes ``<out>.png`` and ``<out>.pdf``. It reads only the results files it is given (plus,
+for figure 6, the paper's numbers that ``adahop/paper_reference.yaml`` cites); the PNG carries
+the list of those files and their git commits in its metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display: figures are files
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+import yaml  # noqa: E402
+
+from adahop.provenance import read_results  # noqa: E402
+
+DEFAULT_DPI = 150
+
+
+def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=doc.strip().split("\n\n")[0])
+    p.add_argument("--config", help="profile YAML; its figures section sets the PNG resolution")
+    p.add_argument("--out", required=True, type=Path, help="output path without suffix: writes <out>.png and <out>.pdf")
+    p.add_argument("results", nargs="+", type=Path, help="results JSON files (results/<stage>/<profile>/*.json)")
+    args = p.parse_args(argv)
+    args.dpi = DEFAULT_DPI
+    if args.config:
+        args.dpi = (yaml.safe_load(Path(args.config).read_text()) or {}).get("figures", {}).get("dpi", DEFAULT_DPI)
+    return args
+
+
+def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
+    """The results documents, each with its path under ``"path"``; a file that is not a results
+    file (adahop.provenance convention) raises ValueError naming it."""
+    docs = []
+    for path in paths:
+        doc = read_results(path)
+        doc["path"] = str(path)
+        docs.append(doc)
+    return docs
+
+
+def records(docs: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Every record of every document as one frame, with the document's ``seed`` (when the
+    record has none) and ``path``. An empty result raises ValueError: a figure of nothing is a bug."""
+    rows = []
+    for doc in docs:
+        for rec in doc["records"]:
+            rows.append({"seed": doc["provenance"].get("seed"), **rec, "path": doc["path"]})
+    if not rows:
+        raise ValueError(f"no records in {[d['path'] for d in docs]}")
+    return pd.DataFrame(rows)
+
+
+def device_label(docs: Iterable[dict[str, Any]]) -> str:
+    """Where the results were measured, for the title: GPU name(s), or "CPU"."""
+    names = set()
+    for doc in docs:
+        dev = doc["provenance"].get("device") or {}
+        names.add(dev.get("name") if dev.get("type") == "cuda" else "CPU")
+    return " + ".join(sorted(n for n in names if n)) or "unknown device"
+
+
+def style() -> None:
+    """One look for every figure: white grid, paper context, a colour-blind-safe palette."""
+    sns.set_theme(style="whitegrid", context="paper", palette="colorblind", font_scale=1.1)
+    plt.rcParams.update({"figure.constrained_layout.use": True, "savefig.bbox": "tight", "pdf.fonttype": 42})
+
+
+def save(fig: plt.Figure, args: argparse.Namespace, docs: Iterable[dict[str, Any]]) -> None:
+    """``<out>.png`` and ``<out>.pdf``; the PNG's metadata names the results files and commits."""
+    docs = list(docs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    commits = sorted({str(d["provenance"].get("git_commit")) for d in docs})
+    meta = {"Source": ", ".join(d["path"] for d in docs), "Comment": f"results commits: {', '.join(commits)}"}
+    fig.savefig(args.out.with_suffix(".png"), dpi=args.dpi, metadata=meta)
+    fig.savefig(args.out.with_suffix(".pdf"), metadata={"Subject": meta["Source"], "Keywords": meta["Comment"]})
+    plt.close(fig)
+    print(f"wrote {args.out}.png and {args.out}.pdf from {len(docs)} results file(s)")
+
+
+def recipe_order(present: Iterable[str]) -> list[str]:
+    """The recipes present, in the registry's order (bf16 first, AdaHOP last); others after."""
+    from adahop.recipes import RECIPES
+
+    present = set(present)
+    return [r for r in RECIPES if r in present] + sorted(present - set(RECIPES))
+
+
+def recipe_palette() -> dict[str, Any]:
+    """One colour per registry recipe, the same in every figure."""
+    from adahop.recipes import RECIPES
+
+    return dict(zip(RECIPES, sns.color_palette("colorblind", len(RECIPES))))
