@@ -64,29 +64,51 @@ EXTRA_STATE_VERSION = 1
 
 
 # ---------------------------------------------------------------------------------------------
-# Seams to adahop.ops: each is the one place to switch when a faster op lands.
+# Seams to adahop.ops
 
 
 def _mm(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-    """A·Bᵀ of two MXFP4 operands (fp32 accumulation)."""
-    return ops.mxfp4_mm_ref(a, b, out_dtype)
+    """A·Bᵀ of two MXFP4 operands (fp32 accumulation), on the device's GEMM path."""
+    return ops.mxfp4_mm(a, b, out_dtype)
 
 
 def _emit_fp8(device: torch.device) -> bool:
     """Whether freshly quantized GEMM operands should carry the FP8 re-encoding (Hopper path)."""
-    return False
+    return ops.gemm_path(device) is ops.GemmPath.FP8_ROWWISE
+
+
+def _signs(spec: QuantSpec, n: int, device: torch.device) -> torch.Tensor | None:
+    if spec.hadamard and spec.signs_seed is not None:
+        return random_signs(n, spec.signs_seed, device=device)
+    return None
 
 
 def _quantize_dual(
-    t: torch.Tensor, along_last: QuantSpec | None, along_first: QuantSpec | None, emit_fp8: bool
+    t: torch.Tensor,
+    along_last: QuantSpec | None,
+    along_first: QuantSpec | None,
+    emit_fp8: bool,
+    emit_fp8_first: bool = False,
 ) -> tuple[MXFP4Tensor | None, MXFP4Tensor | None]:
-    """``t (M, K)`` quantized along K (GEMM operand now) and along M (returned as ``(K, M)``, saved).
+    """``t (M, K)`` quantized along K and along M (returned ``(K, M)``); either spec may be None.
 
-    Only the along-K copy gets the FP8 re-encoding: the saved copy stays at 4.25 bits.
+    ``emit_fp8`` / ``emit_fp8_first`` ask for the FP8 re-encoding of each copy: the forward asks it
+    only for its GEMM operand, so the copy kept for backward stays at 4.25 bits. When both are
+    wanted with one rounding, one :func:`ops.hadamard_quantize_dual` reads ``t`` once; its two
+    orientations then draw SR from one seed (``along_last.seed``), as the fused kernel does.
     """
-    q_last = quantize(t, along_last, emit_fp8=emit_fp8) if along_last is not None else None
-    q_first = quantize(t, along_first, transpose=True) if along_first is not None else None
-    return q_last, q_first
+    if along_last is None or along_first is None or (along_last.rounding, along_last.hadamard_size) != (
+        along_first.rounding, along_first.hadamard_size
+    ):
+        q_last = quantize(t, along_last, emit_fp8=emit_fp8) if along_last is not None else None
+        q_first = quantize(t, along_first, True, emit_fp8_first) if along_first is not None else None
+        return q_last, q_first
+    return ops.hadamard_quantize_dual(
+        t, hadamard=along_last.hadamard, hadamard_t=along_first.hadamard, hadamard_size=along_last.hadamard_size,
+        signs=_signs(along_last, t.shape[1], t.device), signs_t=_signs(along_first, t.shape[0], t.device),
+        rounding=along_last.rounding, seed=along_last.seed if along_last.rounding == "sr" else None,
+        emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_first,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -139,9 +161,7 @@ def quantize(
 
     Equivalent to ``ops.hadamard_quantize(t, transpose=..., ...)`` with the spec's fields.
     """
-    signs = None
-    if spec.hadamard and spec.signs_seed is not None:
-        signs = random_signs(t.shape[0] if transpose else t.shape[1], spec.signs_seed, device=t.device)
+    signs = _signs(spec, t.shape[0] if transpose else t.shape[1], t.device)
     return ops.hadamard_quantize(
         t, transpose=transpose, hadamard=spec.hadamard, hadamard_size=spec.hadamard_size, signs=signs,
         rounding=spec.rounding, seed=spec.seed if spec.rounding == "sr" else None, emit_fp8=emit_fp8,
@@ -209,9 +229,11 @@ class Operand:
 
 
 def top_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Indices and copies of the ``min(k, rows)`` rows of ``x (rows, K)`` with the largest absmax."""
-    idx = ops.select_outliers(x, min(k, x.shape[0]))
-    return idx, x[idx]
+    """Indices and BF16 copies of the ``min(k, rows)`` rows of ``x (rows, K)`` with the largest absmax.
+
+    Equivalent to :func:`ops.extract_outliers` with ``k`` clamped to the row count.
+    """
+    return ops.extract_outliers(x, min(k, x.shape[0]))
 
 
 def strategy_mm(
@@ -226,7 +248,7 @@ def strategy_mm(
     """``A · Bᵀ`` for A ``(M, K)`` and Bᵀ ``(N, K)`` under ``strategy``; returns ``(M, N)``.
 
     ``out_dtype`` defaults to the dtype of ``a``'s source. OE strategies recompute ``min(k, ·)``
-    rows in the operands' own precision. Equivalent to ``a.full @ b.full.T`` up to the strategy's
+    rows from BF16 copies of the outlier rows against the other operand in its own precision. Equivalent to ``a.full @ b.full.T`` up to the strategy's
     quantization error.
     """
     out_dtype = out_dtype or (a.src.dtype if a.src is not None else torch.float32)
@@ -235,10 +257,12 @@ def strategy_mm(
     out = _mm(a.quantized(emit_fp8), b.quantized(emit_fp8), out_dtype)
     if strategy is Strategy.IHT_OE_LEFT:
         idx, rows = a.outlier_rows(k)
-        out.index_copy_(0, idx, (rows @ b.full.t()).to(out_dtype))
+        other = b.full
+        out.index_copy_(0, idx, (rows.to(other.dtype) @ other.t()).to(out_dtype))
     elif strategy is Strategy.IHT_OE_RIGHT:
         idx, rows = b.outlier_rows(k)
-        out.index_copy_(1, idx, (a.full @ rows.t()).to(out_dtype))
+        other = a.full
+        out.index_copy_(1, idx, (other @ rows.to(other.dtype).t()).to(out_dtype))
     return out
 
 
@@ -333,16 +357,20 @@ class QuantLinearFunction(torch.autograd.Function):
         g = gy.contiguous()
         dx = dw = db = None
         with torch.autocast(ctx.device_type, enabled=False):
+            # dY along `out` (dgrad) and along tokens (wgrad), one read where both are quantized.
+            spec_d = plan.specs["dgrad"][0] if ctx.needs_input_grad[0] else None
+            spec_w = plan.specs["wgrad"][0] if ctx.needs_input_grad[1] else None
+            gq, gq_t = _quantize_dual(g, spec_d, spec_w, plan.emit_fp8, plan.emit_fp8)
             if ctx.needs_input_grad[0]:
-                a = Operand(g, plan.specs["dgrad"][0])
+                a = Operand(g, q=gq)
                 b = Operand(w_full, transpose=True, q=_mx(wc, ws), outliers=_pair(wo_idx, wo_rows))
-                dx = strategy_mm(s["dgrad"], a, b, k=k, out_dtype=g.dtype, emit_fp8=plan.emit_fp8)
+                dx = strategy_mm(s["dgrad"], a, b, k=k, out_dtype=g.dtype)
             if ctx.needs_input_grad[1]:
                 xq_t = _mx(xc, xs)
-                a = Operand(g, plan.specs["wgrad"][0], transpose=True)
                 x_src = ops.dequantize(xq_t, g.dtype) if s["wgrad"] is Strategy.BF16 else None
+                a = Operand(g, transpose=True, q=gq_t)
                 b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
-                dw = strategy_mm(s["wgrad"], a, b, k=k, out_dtype=ctx.w_dtype, emit_fp8=plan.emit_fp8)
+                dw = strategy_mm(s["wgrad"], a, b, k=k, out_dtype=ctx.w_dtype)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = g.sum(0, dtype=torch.float32).to(g.dtype)
             if plan.layer is not None:
