@@ -166,10 +166,15 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
 # Outlier extraction (OE)
 
 
-def _check_outlier_input(x: torch.Tensor, k: int) -> None:
-    _check_2d(x, "x")
+def check_float_matrix(x: torch.Tensor, name: str = "x") -> None:
+    """Raise a TypeError/ValueError unless ``x`` is a 2-D float32/bfloat16/float16 tensor."""
+    _check_2d(x, name)
     if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
+
+
+def _check_outlier_input(x: torch.Tensor, k: int) -> None:
+    check_float_matrix(x)
     if x.shape[1] == 0:
         raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no magnitude to rank them by")
     if isinstance(k, bool) or not isinstance(k, int):

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.formats import FLOAT_DTYPES
+from adahop.ops import check_float_matrix
 from adahop_kernels._common import INTERPRETED, check_device
 
 
@@ -59,12 +59,7 @@ def row_absmax(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     under the interpreter). CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     Equivalent to ``x.abs().amax(1).float()``.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"x must be 2-D (rows, K), got shape {tuple(x.shape)}")
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"x must be float32, bfloat16 or float16, got {x.dtype}")
+    check_float_matrix(x)
     check_device(x, "x")
     m, k = x.shape
     if k == 0:

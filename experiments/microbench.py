@@ -1,0 +1,135 @@
+"""Kernel microbenchmarks: run the pytest-benchmark suite, write ``results/microbench/``.
+
+    python experiments/microbench.py --config config/gpu.yaml --out results/microbench/gpu/kernels.json
+    python experiments/microbench.py --profile smoke            # no profile file; --out defaults to
+                                                                 # results/microbench/<device-slug>.json
+
+Runs ``pytest tests/bench --benchmark-only --benchmark-json=<tmp>`` in a subprocess with
+``ADAHOP_BENCH_PROFILE`` set (tests/bench/conftest.py reads it: ``smoke`` = small CPU shapes,
+``gpu`` = 4096³, 8192³ and Llama-3 layer shapes), then writes one record per benchmark through
+:func:`adahop.provenance.write_results`: op, shape, dtype, figure and unit, the same-run ceiling and
+the ratio to it, the peers and the ratios to them, the GEMM path, the backend, median and IQR
+seconds of the timer, and pytest-benchmark's own statistics as a cross-check.
+
+Profile file, section ``microbench`` (every key optional):
+    bench_profile: smoke | gpu     sizes (default: the file's top-level ``profile``)
+    select: <pytest -k expression> a subset of the benchmarks (default: all)
+
+Exit status: pytest's. Benchmarks that failed have no record; the file is still written, with
+pytest's exit code in its provenance, so the figures that were measured are kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from adahop.provenance import REPO_ROOT, write_results
+
+BENCH_DIR = "tests/bench"
+PROFILES = ("smoke", "gpu")
+
+
+def device_slug() -> str:
+    """``nvidia-h200`` for an NVIDIA H200, ``cpu-x86_64`` on a CPU machine."""
+    name = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"cpu-{platform.machine()}"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def records_from_benchmark_json(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per benchmark that carries the tests/bench record (``extra_info['figure']``)."""
+    records = []
+    for b in doc.get("benchmarks", []):
+        info, stats = b.get("extra_info", {}), b.get("stats", {})
+        if "figure" not in info:
+            continue
+        records.append({
+            "test": b["name"],
+            "op": info["op"],
+            "shape": info["shape"],
+            "dtype": info["dtype"],
+            "figure": info["figure"],
+            "unit": info["unit"],
+            "ceiling_name": info["ceiling_name"],
+            "ceiling": info["ceiling"]["value"],
+            "ratio": info["ratio_to_ceiling"],
+            "peers": {name: p["value"] for name, p in info["peers"].items()},
+            "ratio_to_peers": info["ratio_to_peers"],
+            "gemm_path": info["gemm_path"],
+            "backend": info["backend"],
+            "median_s": info["median_s"],
+            "iqr_s": info["iqr_s"],
+            "n_timings": info["n_timings"],
+            "timer": info["timer"],
+            "ceiling_timing": {k: info["ceiling"][k] for k in ("median_s", "iqr_s")},
+            "peer_timings": {name: {k: p[k] for k in ("median_s", "iqr_s")} for name, p in info["peers"].items()},
+            "pytest_benchmark": {"median_s": stats.get("median"), "iqr_s": stats.get("iqr"), "rounds": stats.get("rounds")},
+        })
+    return records
+
+
+def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str]]:
+    """Run the suite in a subprocess; returns pytest's exit code and the command."""
+    cmd = [sys.executable, "-m", "pytest", BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
+    if select:
+        cmd += ["-k", select]
+    env = {**os.environ, "ADAHOP_BENCH_PROFILE": bench_profile}
+    print("microbench:", " ".join(cmd), f"(ADAHOP_BENCH_PROFILE={bench_profile})", flush=True)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env).returncode, cmd
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=Path, help="profile YAML (its `profile` and `microbench` section)")
+    p.add_argument("--profile", choices=PROFILES, help="benchmark sizes; overrides the config file")
+    p.add_argument("--select", help="pytest -k expression; overrides the config file")
+    p.add_argument("--out", type=Path, help="results file (default results/microbench/<device-slug>.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cfg = yaml.safe_load(args.config.read_text()) if args.config else {}
+    section = cfg.get("microbench") or {}
+    unknown = set(section) - {"bench_profile", "select"}
+    if unknown:
+        raise SystemExit(f"microbench: unknown keys in the profile's microbench section: {sorted(unknown)}")
+    bench_profile = args.profile or section.get("bench_profile") or cfg.get("profile") or (
+        "gpu" if torch.cuda.is_available() else "smoke")
+    if bench_profile not in PROFILES:
+        raise SystemExit(f"microbench: bench profile must be one of {PROFILES}, got {bench_profile!r}")
+    select = args.select if args.select is not None else section.get("select")
+    out = args.out or REPO_ROOT / "results" / "microbench" / f"{device_slug()}.json"
+
+    with tempfile.TemporaryDirectory() as tmp:
+        json_path = Path(tmp) / "benchmark.json"
+        rc, cmd = run_benchmarks(bench_profile, select, json_path)
+        if not json_path.exists():
+            print(f"microbench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
+            return rc or 1
+        doc = json.loads(json_path.read_text())
+    records = records_from_benchmark_json(doc)
+    config = {"bench_profile": bench_profile, "select": select}
+    write_results(out, records, config=config, overwrite=args.overwrite, extra_provenance={
+        "pytest_command": cmd[1:],
+        "pytest_exit_code": rc,
+        "pytest_benchmark_version": doc.get("version"),
+    })
+    print(f"microbench: {len(records)} records -> {out} (pytest exit code {rc})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""experiments/microbench.py: pytest-benchmark JSON -> results/microbench records, and one real run."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from adahop.provenance import read_results
+
+SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "microbench.py"
+spec = importlib.util.spec_from_file_location("microbench_script", SCRIPT)
+microbench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(microbench)
+
+
+def bench_entry(name, **extra_info):
+    return {"name": name, "extra_info": extra_info, "stats": {"median": 2e-3, "iqr": 1e-4, "rounds": 5}}
+
+
+def test_records_carry_figure_ceiling_ratio_path_and_timings():
+    timing = {"median_s": 1e-3, "iqr_s": 1e-5}
+    doc = {"benchmarks": [
+        bench_entry("test_mxfp4_mm[square-4096]", op="mxfp4_mm", shape=[4096, 4096, 4096], dtype="mxfp4 -> bf16",
+                    figure=1300.0, unit="TFLOP/s", ceiling_name="cublas-fp8-rowwise",
+                    ceiling={"value": 1250.0, **timing}, ratio_to_ceiling=1.04,
+                    peers={"cublas-bf16": {"value": 700.0, **timing}}, ratio_to_peers={"cublas-bf16": 1.857},
+                    gemm_path="fp8-rowwise", backend="triton", median_s=1.06e-4, iqr_s=2e-6, n_timings=900,
+                    timer="triton.testing.do_bench"),
+        bench_entry("test_without_the_record"),
+    ]}
+    (rec,) = microbench.records_from_benchmark_json(doc)
+    assert rec["op"] == "mxfp4_mm" and rec["shape"] == [4096, 4096, 4096] and rec["gemm_path"] == "fp8-rowwise"
+    assert (rec["figure"], rec["unit"], rec["ceiling"], rec["ratio"]) == (1300.0, "TFLOP/s", 1250.0, 1.04)
+    assert rec["peers"] == {"cublas-bf16": 700.0} and rec["ratio_to_peers"] == {"cublas-bf16": 1.857}
+    assert (rec["median_s"], rec["iqr_s"]) == (1.06e-4, 2e-6)
+    assert rec["pytest_benchmark"] == {"median_s": 2e-3, "iqr_s": 1e-4, "rounds": 5}
+
+
+def test_device_slug_is_a_file_name():
+    slug = microbench.device_slug()
+    assert slug and all(c.isalnum() or c == "-" for c in slug)
+
+
+def test_rejects_unknown_config_keys(tmp_path):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("profile: smoke\nmicrobench: {shapes: [1]}\n")
+    with pytest.raises(SystemExit, match="unknown keys"):
+        microbench.main(["--config", str(cfg), "--out", str(tmp_path / "r.json")])
+
+
+def test_smoke_run_writes_results(tmp_path):
+    """The whole chain on CPU: pytest --benchmark-only in a subprocess, one benchmark, the results file."""
+    out = tmp_path / "microbench.json"
+    rc = microbench.main(["--profile", "smoke", "--select", "test_extract_outliers and 256x512 and rows",
+                          "--out", str(out)])
+    assert rc == 0
+    doc = read_results(out)
+    assert doc["provenance"]["config"] == {"bench_profile": "smoke", "select": "test_extract_outliers and 256x512 and rows"}
+    (rec,) = doc["records"]
+    assert rec["op"] == "extract_outliers (rows)" and rec["shape"] == [256, 512] and rec["unit"] == "GB/s"
+    assert rec["ceiling_name"] == "copy" and rec["figure"] > 0 and rec["ceiling"] > 0
+    assert rec["ratio"] == pytest.approx(rec["figure"] / rec["ceiling"])
+    assert set(rec["peers"]) == {"torch-vector-norm", "reference"}
+    assert rec["backend"] == "reference" and rec["n_timings"] >= 5 and rec["iqr_s"] >= 0
+    assert json.loads(out.read_text())["provenance"]["pytest_exit_code"] == 0
