@@ -185,7 +185,7 @@ class Calibration:
             for slot, per in self.errors.items()
         }
 
-    def measured_strategies(self, margin: float = 0.1) -> dict[str, Strategy]:
+    def measured_strategies(self, margin: float = 0.1, slots: Iterable[str] = SLOTS) -> dict[str, Strategy]:
         """Per slot the measured candidate with the lowest relative error, OE only if it pays.
 
         An OE strategy always has an error no larger than IHT's (it recomputes k rows exactly) but
@@ -193,11 +193,12 @@ class Calibration:
         its error is lower by more than the fraction ``margin``. Ties go to the earlier candidate.
         """
         rel = self.relative_errors()
-        missing = [s for s in SLOTS if s not in rel]
+        slots = list(slots)
+        missing = [s for s in slots if s not in rel]
         if missing:
             raise RuntimeError(f"no calibration errors were measured for {missing}; did the layer run a backward?")
         out = {}
-        for slot in SLOTS:
+        for slot in slots:
             cands = [c for c in MEASURED_CANDIDATES[slot] if c.value in rel[slot]]
             plain = min((c for c in cands if c in (Strategy.MXFP4, Strategy.IHT)), key=lambda c: rel[slot][c.value])
             best = min(cands, key=lambda c: rel[slot][c.value])
@@ -249,13 +250,20 @@ def decide(
     policy: str, calibration: Calibration, table: StrategyTable, where: str = "layer", margin: float = 0.1
 ) -> dict[str, Strategy]:
     """Fixed strategies at the end of calibration for ``policy`` (``table`` or ``measured``)."""
+    if policy not in ("table", "measured"):
+        raise ValueError(f"unknown policy {policy!r}; choose 'table' or 'measured'")
     if calibration.total_votes() == 0:
         warnings.warn(f"{where}: no calibration data was observed; every label defaults to 'none'", stacklevel=2)
+    from_table = table.strategies(calibration.labels())
     if policy == "table":
-        return table.strategies(calibration.labels())
-    if policy == "measured":
-        return calibration.measured_strategies(margin)
-    raise ValueError(f"unknown policy {policy!r}; choose 'table' or 'measured'")
+        return from_table
+    unmeasured = [s for s in SLOTS if s not in calibration.errors]
+    if unmeasured:
+        # A layer that never ran a backward while calibrating (unused, or frozen) has nothing to
+        # measure: it takes the table's choice rather than stopping the run.
+        warnings.warn(f"{where}: no errors measured for {unmeasured}; using the strategy table there", stacklevel=2)
+    measured = calibration.measured_strategies(margin, [s for s in SLOTS if s not in unmeasured])
+    return {s: measured.get(s, from_table[s]) for s in SLOTS}
 
 
 def strategies_to_dict(strategies: Mapping[str, Strategy]) -> dict[str, str]:
