@@ -5,7 +5,10 @@ significant bits each), so a path that accumulates in fp32 in any order satisfie
 ``|C - C64| <= (K - 1) * 2^-24 * (|A| |B|ᵀ)`` before the output rounding (half an ulp of the output
 dtype on top). C64 is the fp64 product of the dequantized operands (``mxfp4_mm_ref``). Hopper's FP8
 tensor cores add their documented reduced-precision accumulation between fp32 promotions
-(GPU tests only, :data:`TENSOR_CORE_ALLOWANCE`).
+(GPU runs only, :data:`TENSOR_CORE_ALLOWANCE`).
+
+Tests take the ``device`` fixture of tests/kernels/conftest.py: CPU through Triton's interpreter
+here, compiled kernels on a GPU machine.
 """
 
 import logging
@@ -33,7 +36,9 @@ gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 # kernel's K tile, a single block, and a Llama-3.2 1B k_proj (2048 -> 512) at 32 tokens.
 SHAPES = [(129, 48, 256), (127, 17, 96), (1, 1, 32), (32, 512, 2048)]
 SHAPE_IDS = ["129x48x256", "127x17x96", "1x1x32", "llama1b-kproj-32tok"]
-CPU_PATHS = [GemmPath.REFERENCE, GemmPath.DEQUANT_MATMUL, GemmPath.FP8_ROWWISE, GemmPath.DOT_SCALED]
+# Every path runs on CPU (FP8 through PyTorch's CPU _scaled_mm, dot_scaled through the interpreter) and,
+# through the `device` fixture of tests/kernels/conftest.py, compiled on a GPU.
+PATHS = [GemmPath.REFERENCE, GemmPath.DEQUANT_MATMUL, GemmPath.FP8_ROWWISE, GemmPath.DOT_SCALED]
 
 
 def operand(rows: int, k: int, seed: int, device="cpu", spread: float = 6.0) -> MXFP4Tensor:
@@ -56,46 +61,56 @@ def assert_within_accumulation_bound(c, a, b, out_dtype, allowance=0.0):
     assert (err <= tol).all(), f"error {err.flatten()[worst]:.3e} > bound {tol.flatten()[worst]:.3e}"
 
 
+def allowance(path: GemmPath, device: str) -> float:
+    return TENSOR_CORE_ALLOWANCE if device == "cuda" and path in (GemmPath.FP8_ROWWISE, GemmPath.DOT_SCALED) else 0.0
+
+
+def dequant_backend(path: GemmPath, device: str) -> str | None:
+    # On CPU the dequant path's sub-step runs the reference: this file tests the GEMM, not dequantize.
+    return "reference" if path is GemmPath.DEQUANT_MATMUL and device == "cpu" else None
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
-@pytest.mark.parametrize("path", CPU_PATHS, ids=lambda p: p.value)
-def test_path_within_fp32_accumulation_bound(path, shape):
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.value)
+def test_path_within_fp32_accumulation_bound(path, shape, device):
     m, n, k = shape
-    a, b = operand(m, k, 1), operand(n, k, 2)
-    # Sub-steps of the dequant path through the reference: this file tests the GEMM, not dequantize.
-    backend = "reference" if path is GemmPath.DEQUANT_MATMUL else None
-    assert_within_accumulation_bound(ops.mxfp4_mm(a, b, torch.float32, path=path, backend=backend), a, b, torch.float32)
+    a, b = operand(m, k, 1, device), operand(n, k, 2, device)
+    c = ops.mxfp4_mm(a, b, torch.float32, path=path, backend=dequant_backend(path, device))
+    assert_within_accumulation_bound(c, a, b, torch.float32, allowance(path, device))
 
 
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("path", CPU_PATHS, ids=lambda p: p.value)
-def test_path_rounds_output_once(path, out_dtype):
-    a, b = operand(129, 256, 3, spread=2.0), operand(48, 256, 4, spread=2.0)
-    backend = "reference" if path is GemmPath.DEQUANT_MATMUL else None
-    assert_within_accumulation_bound(ops.mxfp4_mm(a, b, out_dtype, path=path, backend=backend), a, b, out_dtype)
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.value)
+def test_path_rounds_output_once(path, out_dtype, device):
+    a, b = operand(129, 256, 3, device, spread=2.0), operand(48, 256, 4, device, spread=2.0)
+    c = ops.mxfp4_mm(a, b, out_dtype, path=path, backend=dequant_backend(path, device))
+    assert_within_accumulation_bound(c, a, b, out_dtype, allowance(path, device))
 
 
-def test_dot_scaled_kernel_is_exact_when_sums_are_exact():
+def test_dot_scaled_kernel_is_exact_when_sums_are_exact(device):
     # Small integers times powers of two: every partial sum is exact in fp32, so the kernel must
     # equal the fp64 reference bit for bit (catches scale or nibble order mistakes the bound might hide).
-    a, b = operand(64, 512, 5, spread=0.0), operand(64, 512, 6, spread=0.0)
-    assert torch.equal(mxfp4_mm_dot_scaled(a, b, torch.float32).double(), ops.mxfp4_mm_ref(a, b, torch.float64))
+    a, b = operand(64, 512, 5, device, spread=0.0), operand(64, 512, 6, device, spread=0.0)
+    c = mxfp4_mm_dot_scaled(a, b, torch.float32).double()
+    assert torch.equal(c, ops.mxfp4_mm_ref(a, b, torch.float64))
 
 
-@pytest.mark.parametrize("path", CPU_PATHS, ids=lambda p: p.value)
-def test_nan_block_poisons_its_output_row_only(path):
+@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.value)
+def test_nan_block_poisons_its_output_row_only(path, device):
     x = torch.randn(64, 128)
     x[3, 40] = float("nan")
-    a, b = quantize_mxfp4_ref(x), operand(32, 128, 7)
-    backend = "reference" if path is GemmPath.DEQUANT_MATMUL else None
-    c = ops.mxfp4_mm(a, b, torch.float32, path=path, backend=backend)
+    q = quantize_mxfp4_ref(x)
+    a, b = MXFP4Tensor(q.codes.to(device), q.scales.to(device)), operand(32, 128, 7, device)
+    c = ops.mxfp4_mm(a, b, torch.float32, path=path, backend=dequant_backend(path, device))
     assert c[3].isnan().all()
     assert torch.isfinite(torch.cat((c[:3], c[4:]))).all()
 
 
-def test_fp8_path_uses_the_emitted_fp8_operand():
-    a, b = operand(32, 64, 8), operand(16, 64, 9)
+def test_fp8_path_uses_the_emitted_fp8_operand(device):
+    a, b = operand(32, 64, 8, device), operand(16, 64, 9, device)
     # Deliberately wrong FP8 payloads: if mxfp4_mm re-encoded instead of using them, C would be nonzero.
-    a.fp8, a.fp8_scale = torch.zeros(32, 64, dtype=torch.float8_e4m3fn), torch.ones(32, 1)
+    a.fp8 = torch.zeros(32, 64, dtype=torch.float8_e4m3fn, device=device)
+    a.fp8_scale = torch.ones(32, 1, device=device)
     b.fp8, b.fp8_scale = to_fp8_rowwise_ref(b)
     assert ops.mxfp4_mm(a, b, torch.float32, path=GemmPath.FP8_ROWWISE).eq(0).all()
 
@@ -103,42 +118,43 @@ def test_fp8_path_uses_the_emitted_fp8_operand():
 # ---- FP8 re-encoding (the kernel behind the FP8 path when the quantizer did not emit fp8) ----
 
 
-def random_bytes_operand(rows: int, k: int, seed: int) -> MXFP4Tensor:
+def random_bytes_operand(rows: int, k: int, seed: int, device="cpu") -> MXFP4Tensor:
     """Every code (-0 included) and every scale byte (0, 254 and the NaN byte 255 included)."""
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=g)
     scales = torch.randint(0, 256, (rows, k // 32), dtype=torch.uint8, generator=g)
     scales[0], scales[1], scales[2] = 0, 254, 255
-    return MXFP4Tensor(codes, scales)
+    return MXFP4Tensor(codes.to(device), scales.to(device))
 
 
 @pytest.mark.parametrize("rows,k", [(127, 256), (128, 1024), (129, 96), (3, 32)], ids=lambda v: str(v))
-def test_fp8_reencode_kernel_matches_reference_bytes(rows, k):
-    t = random_bytes_operand(rows, k, rows + k)
+def test_fp8_reencode_kernel_matches_reference_bytes(rows, k, device):
+    t = random_bytes_operand(rows, k, rows + k, device)
     fp8, scale = fp8_reencode(t)
     ref_fp8, ref_scale = to_fp8_rowwise_ref(t)
     assert torch.equal(fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
     assert torch.equal(scale, ref_scale)
 
 
-def test_fp8_reencode_is_exact_within_14_binades():
-    t = operand(129, 512, 10)  # block exponents of a row span at most 14 binades (checked)
+def test_fp8_reencode_is_exact_within_14_binades(device):
+    t = operand(129, 512, 10, device)  # block exponents of a row span at most 14 binades (checked)
     span = (t.scales.int().amax(1) - t.scales.int().amin(1)).max().item()
     assert span <= 14
     fp8, scale = fp8_reencode(t)
     assert torch.equal(fp8.double() * scale.double(), dequantize_mxfp4_ref(t, torch.float64))
 
 
-def test_fp8_path_arithmetic_is_the_exact_mxfp4_product():
+def test_fp8_path_arithmetic_is_the_exact_mxfp4_product(device):
     # What cuBLAS computes on sm_90, simulated in fp64: (fp8_a * s_a)(fp8_b * s_b)ᵀ.
-    a, b = operand(64, 256, 11), operand(48, 256, 12)
+    a, b = operand(64, 256, 11, device), operand(48, 256, 12, device)
     (fa, sa), (fb, sb) = fp8_reencode(a), fp8_reencode(b)
     simulated = (fa.double() * sa.double()) @ (fb.double() * sb.double()).t()
     assert torch.equal(simulated, ops.mxfp4_mm_ref(a, b, torch.float64))
 
 
-def test_fp8_reencode_beyond_14_binades_loses_only_tiny_blocks():
-    t = MXFP4Tensor(torch.full((1, 32), 0x77, dtype=torch.uint8), torch.tensor([[127 + 10, 127 - 10]], dtype=torch.uint8))
+def test_fp8_reencode_beyond_14_binades_loses_only_tiny_blocks(device):
+    codes = torch.full((1, 32), 0x77, dtype=torch.uint8, device=device)
+    t = MXFP4Tensor(codes, torch.tensor([[127 + 10, 127 - 10]], dtype=torch.uint8, device=device))
     fp8, scale = fp8_reencode(t)  # second block 20 binades down: 6 * 2^-20 * 2^6 is below E4M3's range
     back = fp8.double() * scale.double()
     assert torch.equal(back[0, :32], dequantize_mxfp4_ref(t, torch.float64)[0, :32])
@@ -256,28 +272,5 @@ def test_rejects_non_contiguous_codes():
 def test_gpu_default_path_within_bound(out_dtype):
     device = torch.device("cuda")
     a, b = operand(1000, 1024, 1, device), operand(1040, 1024, 2, device)
-    path = ops.gemm_path(device)
-    c = ops.mxfp4_mm(a, b, out_dtype)
-    allowance = TENSOR_CORE_ALLOWANCE if path in (GemmPath.FP8_ROWWISE, GemmPath.DOT_SCALED) else 0.0
-    assert_within_accumulation_bound(c, a, b, out_dtype, allowance)
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("path", [GemmPath.DOT_SCALED, GemmPath.DEQUANT_MATMUL, GemmPath.REFERENCE], ids=lambda p: p.value)
-def test_gpu_forced_paths_within_bound(path):
-    device = torch.device("cuda")
-    a, b = operand(1000, 1024, 3, device), operand(1040, 1024, 4, device)
-    c = ops.mxfp4_mm(a, b, torch.bfloat16, path=path)
-    allowance = TENSOR_CORE_ALLOWANCE if path is GemmPath.DOT_SCALED else 0.0
-    assert_within_accumulation_bound(c, a, b, torch.bfloat16, allowance)
-
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_fp8_reencode_matches_reference_bytes():
-    t = random_bytes_operand(1000, 4096, 5)
-    fp8, scale = fp8_reencode(MXFP4Tensor(t.codes.cuda(), t.scales.cuda()))
-    ref_fp8, ref_scale = to_fp8_rowwise_ref(t)
-    assert torch.equal(fp8.view(torch.uint8).cpu(), ref_fp8.view(torch.uint8))
-    assert torch.equal(scale.cpu(), ref_scale)
+    c = ops.mxfp4_mm(a, b, out_dtype)  # the device's own path, as gemm_path reports it
+    assert_within_accumulation_bound(c, a, b, out_dtype, allowance(ops.gemm_path(device), "cuda"))

@@ -1,4 +1,8 @@
-"""Outlier extraction: the row-absmax kernel (bit-exact), extract_outliers against its reference."""
+"""Outlier extraction: the row-absmax kernel (bit-exact), extract_outliers against its reference.
+
+Tests take the ``device`` fixture of tests/kernels/conftest.py: CPU through Triton's interpreter
+here, compiled kernels on a GPU machine.
+"""
 
 import pytest
 import torch
@@ -26,55 +30,58 @@ def same_with_nan(a: torch.Tensor, b: torch.Tensor) -> bool:
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("rows", [127, 128, 129])
 @pytest.mark.parametrize("transposed", [False, True], ids=["rows", "columns"])
-def test_row_absmax_is_bit_exact(dtype, rows, transposed):
-    x = torch.randn(rows, 300).to(dtype)
+def test_row_absmax_is_bit_exact(dtype, rows, transposed, device):
+    x = torch.randn(rows, 300).to(dtype).to(device)
     x = x.t() if transposed else x
     assert torch.equal(row_absmax(x), x.abs().amax(1).float())
 
 
 @pytest.mark.parametrize("splits", [2, 4])
-def test_row_absmax_split_along_k(splits):
+def test_row_absmax_split_along_k(splits, device):
     x = planted(70, 2000, [3, 50], seed=1)  # a large entry in the last split too
     x[50, 1999] = 99.0
+    x = x.to(device)
     assert torch.equal(row_absmax(x, splits=splits), x.abs().amax(1))
 
 
-def test_row_absmax_nan_row_is_nan_and_inf_counts():
+def test_row_absmax_nan_row_is_nan_and_inf_counts(device):
     x = torch.randn(64, 96)
     x[5, 90], x[9, 0] = float("nan"), float("-inf")
+    x = x.to(device)
     r = row_absmax(x)
     assert r[5].isnan() and r[9].item() == float("inf")
     assert same_with_nan(r, x.abs().amax(1))
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
-def test_extract_outliers_finds_planted_rows(dtype):
+def test_extract_outliers_finds_planted_rows(dtype, device):
     want = [2, 40, 127, 128]
-    idx, rows = ops.extract_outliers(planted(129, 256, want, dtype), 4)
+    idx, rows = ops.extract_outliers(planted(129, 256, want, dtype).to(device), 4)
     assert idx.tolist() == want and idx.dtype == torch.int64
     assert rows.dtype == torch.bfloat16 and rows.shape == (4, 256)
 
 
-def test_extract_outliers_matches_reference():
+def test_extract_outliers_matches_reference(device):
     x = torch.randn(300, 160)
     x[17, 3] = float("nan")
+    x = x.to(device)
     idx, rows = ops.extract_outliers(x, 64)
     ref_idx, ref_rows = ops.extract_outliers_ref(x, 64)
     assert torch.equal(idx, ref_idx) and same_with_nan(rows.float(), ref_rows.float())
     assert 17 in idx.tolist()  # a NaN row ranks first
 
 
-def test_column_outliers_are_rows_of_the_transpose():
+def test_column_outliers_are_rows_of_the_transpose(device):
     want = [5, 33, 200]
-    x = planted(256, 129, want).t()  # (129, 256), outliers in columns 5, 33, 200
+    x = planted(256, 129, want).to(device).t()  # (129, 256), outliers in columns 5, 33, 200
     idx, cols = ops.extract_outliers(x.t(), 3)
     assert idx.tolist() == want
     assert torch.equal(cols, x[:, idx].t().to(torch.bfloat16))
 
 
 @pytest.mark.parametrize("k", [0, 129], ids=["none", "all"])
-def test_extract_outliers_edge_k(k):
-    x = torch.randn(129, 64)
+def test_extract_outliers_edge_k(k, device):
+    x = torch.randn(129, 64, device=device)
     idx, rows = ops.extract_outliers(x, k)
     assert idx.tolist() == list(range(k))
     assert torch.equal(rows, x[idx].to(torch.bfloat16))
@@ -111,9 +118,9 @@ def test_rejects_empty_rows():
         ops.extract_outliers(torch.randn(8, 0), 1)
 
 
-def test_rejects_bad_splits():
+def test_rejects_bad_splits(device):
     with pytest.raises(ValueError, match="splits"):
-        row_absmax(torch.randn(8, 64), splits=0)
+        row_absmax(torch.randn(8, 64, device=device), splits=0)
 
 
 @pytest.mark.gpu
