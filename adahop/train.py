@@ -135,7 +135,7 @@ class NonFiniteLossError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# Small pieces: schedule, recipe adapter, distributed set-up, device facts
+# Small pieces: schedule, distributed set-up, device facts
 # ---------------------------------------------------------------------------------------------
 
 class WarmupCosine:
@@ -150,26 +150,6 @@ class WarmupCosine:
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total - 1 - self.warmup))
         return self.min_ratio + (1 - self.min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def apply_recipe(model: nn.Module, recipe: str, seed: int, **overrides: Any) -> nn.Module:
-    """``adahop.convert(model, recipe, seed=seed, **overrides)`` (the recipe derives its stochastic
-    rounding and random signs from the run's seed); a checkout without the recipes module can
-    still train ``bf16`` (plain ``nn.Linear``), nothing else."""
-    if hasattr(adahop, "convert"):
-        return adahop.convert(model, recipe, **{"seed": seed, **overrides})
-    if recipe != "bf16" or overrides:
-        raise ValueError(f"recipe {recipe!r} needs adahop.convert (adahop/recipes.py), which is not available")
-    return model
-
-
-def after_optimizer_step(model: nn.Module) -> None:
-    if hasattr(adahop, "on_optimizer_step"):
-        adahop.on_optimizer_step(model)
-
-
-def strategies_of(model: nn.Module) -> dict[str, Any]:
-    return adahop.export_strategies(model) if hasattr(adahop, "export_strategies") else {}
 
 
 @dataclasses.dataclass
@@ -299,7 +279,8 @@ class Trainer:
         self.model_config = LlamaConfig.from_name(cfg.model, vocab_size=vocab_size, max_seq_len=cfg.seq_len)
         with torch.device(self.device):
             model = Llama(self.model_config)
-        self.model = apply_recipe(model, cfg.recipe, cfg.seed, **cfg.recipe_overrides)
+        # The recipe derives its stochastic rounding and random signs from the run's seed.
+        self.model = adahop.convert(model, cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides})
         self.runner: nn.Module = torch.compile(self.model) if cfg.compile else self.model
         self.ddp: nn.Module = self.runner
         if self.dist.world_size > 1:
@@ -360,7 +341,7 @@ class Trainer:
         """Atomic: written to a temp file in the same folder, then renamed. Rank 0 writes; every
         rank contributes its sampler and RNG states."""
         per_rank = self._gather({"data": self.train_batches.state_dict(), "rng": rng_state()})
-        strategies = self._gather(strategies_of(self.model))
+        strategies = self._gather(adahop.export_strategies(self.model))
         if self.out_dir is None or not self.dist.is_main:
             return None
         if any(s != strategies[0] for s in strategies):
@@ -467,7 +448,7 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        after_optimizer_step(self.model)
+        adahop.on_optimizer_step(self.model)
         self.step = step
         return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
 

@@ -1,6 +1,5 @@
 """adahop.train and experiments/pretrain.py on CPU: learning, exact resume, NaN stop, CLI, DDP (gloo)."""
 
-import dataclasses
 import importlib.util
 import json
 import math
@@ -210,7 +209,6 @@ def test_random_token_batches_resume():
     assert all(torch.equal(u, v) for u, v in zip(next(a), next(b)))
 
 
-@pytest.mark.skipif(not hasattr(adahop, "convert"), reason="adahop.convert (recipes) not in this checkout")
 @pytest.mark.parametrize("recipe", ["mxfp4", "adahop"])
 def test_quantized_recipes_train_and_resume_with_strategies(corpus, tmp_path, recipe):
     overrides = {"recipe_overrides": {"calibration_steps": 2}} if recipe == "adahop" else {}
