@@ -7,8 +7,11 @@
 Without ``--recipe`` the exported HF directory goes through lm-eval's own ``hf`` model in the
 configured dtype (bf16 by default). With ``--recipe R`` the model is loaded, its linears are
 swapped by ``adahop.convert(model, R)`` and the in-memory model is evaluated: R's quantized forward.
+The HF export drops the layers' calibrated strategies, so an adahop model converted afresh runs
+its calibration forward (plain MXFP4); ``--calibrated-from runs/<profile>/<run>/checkpoints/
+step_N.pt`` restores the recipe and strategies of training instead (forward label ``R+calibrated``).
 Records carry the labels recipe (training recipe), model, seed (parsed from the run folder name
-``<model>_<recipe>_s<seed>`` unless given) and forward (R, or the dtype). After writing, the
+``<model>_<recipe>_s<seed>`` unless given) and forward (R, R+calibrated, or the dtype). After writing, the
 folder's ``table.md``/``table.csv`` are regenerated from every results file in it.
 
 ``--write-tasks DIR`` only writes the task YAMLs and prints the equivalent ``lm_eval`` command;
@@ -91,16 +94,45 @@ def run_labels(checkpoint: Path, model: str | None, recipe: str | None, seed: in
     return labels
 
 
-def load_converted(checkpoint: Path, recipe: str, dtype: str, device: str | None):
-    """The exported model with its linears swapped by ``adahop.convert(model, recipe)``."""
+def load_converted(
+    checkpoint: Path, recipe: str | None, dtype: str, device: str | None, calibrated_from: Path | None = None
+):
+    """(model, forward label): the exported model with its linears swapped by ``adahop.convert``.
+
+    Without ``calibrated_from`` the layers are fresh: a recipe with a calibration phase (adahop)
+    then runs its calibration forward (plain MXFP4), as no optimizer step ends it. With it, the
+    recipe and every layer's state (calibrated strategies) come from that training checkpoint
+    (``runs/<profile>/<run>/checkpoints/step_*.pt``, ``"model"`` = the converted model's
+    state_dict, whose names are the ``LlamaForCausalLM`` ones).
+    """
     import torch
     import transformers
 
     from adahop import convert
+    from adahop.recipes import recipe_from_dict
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = transformers.AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=getattr(torch, dtype))
-    return convert(model.to(device).eval(), recipe)
+    model = model.to(device).eval()
+    if calibrated_from is None:
+        return convert(model, recipe), recipe
+    # our own training checkpoint (it holds numpy RNG states, which weights_only refuses)
+    saved = torch.load(calibrated_from, map_location="cpu", weights_only=False)["model"]
+    states = {k: v for k, v in saved.items() if k.endswith("._extra_state")}
+    if not states:
+        raise ValueError(f"{calibrated_from} holds no layer states (*._extra_state): not a checkpoint of a converted model")
+    saved_recipe = recipe_from_dict(next(iter(states.values()))["recipe"])
+    if recipe is not None and recipe != saved_recipe.name:
+        raise ValueError(f"--recipe {recipe} but {calibrated_from} was trained with recipe {saved_recipe.name}")
+    model = convert(model, saved_recipe)
+    expected = {k for k in model.state_dict() if k.endswith("._extra_state")}
+    if expected != set(states):
+        raise ValueError(
+            f"{calibrated_from} and {checkpoint} disagree on the converted layers: "
+            f"only in the checkpoint {sorted(set(states) - expected)}, only in the model {sorted(expected - set(states))}"
+        )
+    model.load_state_dict(states, strict=False)
+    return model, f"{saved_recipe.name}+calibrated"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -108,6 +140,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--config", help="profile YAML (config/<profile>.yaml); its eval section gives the defaults")
     p.add_argument("--checkpoint", type=Path, help="exported HF directory (runs/<profile>/<run>/hf)")
     p.add_argument("--recipe", help="evaluate with this recipe's quantized forward (adahop.convert)")
+    p.add_argument("--calibrated-from", type=Path, metavar="CKPT",
+                   help="training checkpoint (.pt) whose recipe and calibrated layer states the forward uses")
     p.add_argument("--tasks", help=f"comma-separated, from: {','.join(ev.ALL_TASKS)}")
     p.add_argument("--limit", type=int, help="first N documents of each task")
     p.add_argument("--out", type=Path, help="results file (results/eval/<profile>/<name>.json)")
@@ -162,16 +196,24 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     labels = run_labels(args.checkpoint, args.model, args.train_recipe, args.seed)
-    labels["forward"] = args.recipe or settings["dtype"]
     common = {k: settings[k] for k in ("limit", "corpus_dir", "document_tokens", "batch_size", "device",
                                          "max_length", "bootstrap_iters", "data_root", "random_seed")}
-    if args.recipe:
-        model = load_converted(args.checkpoint, args.recipe, settings["dtype"], settings["device"])
+    if args.recipe or args.calibrated_from:
+        model, labels["forward"] = load_converted(
+            args.checkpoint, args.recipe, settings["dtype"], settings["device"], args.calibrated_from
+        )
         results = ev.evaluate(model, settings["tasks"], tokenizer=args.checkpoint, **common)
     else:
+        labels["forward"] = settings["dtype"]
         results = ev.evaluate(args.checkpoint, settings["tasks"], dtype=settings["dtype"], **common)
     records = ev.results_to_records(results, limit=settings["limit"], **labels)
-    config = {"profile": profile.get("profile"), "checkpoint": str(args.checkpoint), "labels": labels, "eval": settings}
+    config = {
+        "profile": profile.get("profile"),
+        "checkpoint": str(args.checkpoint),
+        "calibrated_from": None if args.calibrated_from is None else str(args.calibrated_from),
+        "labels": labels,
+        "eval": settings,
+    }
     extra = {
         "lm_eval": {"task_versions": results.get("versions"), "n_samples": results.get("n-samples")},
         "data": ev.data_sources(settings["tasks"], settings["data_root"], settings["corpus_dir"]),

@@ -403,3 +403,33 @@ def test_evaluate_script_writes_task_yamls(tiny, tmp_path, capsys):
     assert script.main(args) == 0
     assert sorted(p.name for p in (tmp_path / "tasks").iterdir()) == ["boolq.yaml", "corpus_ppl.yaml"]
     assert "--include_path" in capsys.readouterr().out
+
+
+def test_calibrated_strategies_come_back_from_the_training_checkpoint(tiny, tmp_path, offline):
+    """--calibrated-from: the forward uses the recipe and strategies calibrated in training."""
+    import adahop
+
+    model = adahop.convert(_load(tiny["hf"]).train(), "adahop", calibration_steps=2)
+    ids = torch.randint(0, model.config.vocab_size, (2, 64), generator=torch.Generator().manual_seed(0))
+    for _ in range(2):
+        model(ids, labels=ids).loss.backward()
+        adahop.on_optimizer_step(model)
+    trained = adahop.export_strategies(model)
+    ckpt = tmp_path / "step_00000002.pt"
+    torch.save({"model": model.state_dict()}, ckpt)
+
+    script = _script()
+    loaded, forward = script.load_converted(tiny["hf"], None, "float32", "cpu", ckpt)
+    assert forward == "adahop+calibrated"
+    assert adahop.export_strategies(loaded) == trained
+    assert all(layer["phase"] == "fixed" and layer["strategies"] for layer in trained.values())
+    with pytest.raises(ValueError, match="trained with recipe adahop"):
+        script.load_converted(tiny["hf"], "mxfp4", "float32", "cpu", ckpt)
+
+    out = tmp_path / "eval" / "r.json"
+    args = ["--checkpoint", str(tiny["hf"]), "--calibrated-from", str(ckpt), "--tasks", ev.CORPUS_TASK, "--limit", "2",
+            "--corpus-dir", str(tiny["corpus"]), "--dtype", "float32", "--device", "cpu", "--out", str(out), "--no-table"]
+    assert script.main(args) == 0
+    doc = read_results(out)
+    assert {r["forward"] for r in doc["records"]} == {"adahop+calibrated"}
+    assert doc["provenance"]["config"]["calibrated_from"] == str(ckpt)
