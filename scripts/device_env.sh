@@ -1,0 +1,15 @@
+# Source on a GPU machine that has torch/triton but no network and no `pip install -e`:
+#   . scripts/device_env.sh
+# Makes `adahop` and `adahop_kernels` importable from this checkout (kernels/ is imported under
+# that name, as pyproject.toml maps it) and installs carried wheels (.whl/, e.g. torchao) if any.
+ADAHOP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+_adahop_site=${ADAHOP_SITE:-/tmp/adahop_site}
+mkdir -p "$_adahop_site"
+ln -sfn "$ADAHOP_ROOT/kernels" "$_adahop_site/adahop_kernels"
+if compgen -G "$ADAHOP_ROOT/.whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$_adahop_site/wheels" "$ADAHOP_ROOT"/.whl/*.whl
+fi
+export PYTHONPATH="$ADAHOP_ROOT:$_adahop_site:$_adahop_site/wheels${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
