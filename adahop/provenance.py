@@ -39,6 +39,11 @@ def _version(module: str) -> str | None:
         return None
 
 
+def _env_flag(name: str) -> bool | None:
+    value = os.environ.get(name)
+    return None if value is None else value.lower() in ("1", "true", "yes")
+
+
 def device_description(device: torch.device | str | None = None) -> dict[str, Any]:
     """Name and capability of the device results were measured on."""
     device = torch.device(device) if device is not None else (
@@ -63,9 +68,12 @@ def provenance(
 ) -> dict[str, Any]:
     """The provenance object stamped on every results file."""
     status = _git("status", "--porcelain", "--untracked-files=no")
+    # A copy of the tree without .git (a GPU machine) is told its commit through the environment.
+    commit = _git("rev-parse", "HEAD") or os.environ.get("ADAHOP_GIT_COMMIT")
+    dirty = bool(status) if status is not None else _env_flag("ADAHOP_GIT_DIRTY")
     return {
-        "git_commit": _git("rev-parse", "HEAD"),
-        "git_dirty": None if status is None else bool(status),
+        "git_commit": commit,
+        "git_dirty": dirty,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "host": platform.node(),
         "python": platform.python_version(),
