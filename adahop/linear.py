@@ -679,11 +679,14 @@ class SavedTensorMeter:
     def __init__(self, params_of: nn.Module | None = None) -> None:
         self._params = {p.untyped_storage().data_ptr() for p in params_of.parameters()} if params_of else set()
         self.storages: dict[int, tuple[int, bool]] = {}
+        self.tensors: list[tuple[tuple[int, ...], torch.dtype, bool]] = []  # (shape, dtype, is_param)
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
         st = t.untyped_storage()
-        self.storages[st.data_ptr()] = (st.nbytes(), st.data_ptr() in self._params)
+        is_param = st.data_ptr() in self._params
+        self.storages[st.data_ptr()] = (st.nbytes(), is_param)
+        self.tensors.append((tuple(t.shape), t.dtype, is_param))
         return t
 
     def __enter__(self) -> "SavedTensorMeter":
