@@ -62,5 +62,5 @@ def test_smoke_run_writes_results(tmp_path):
     assert rec["ceiling_name"] == "copy" and rec["figure"] > 0 and rec["ceiling"] > 0
     assert rec["ratio"] == pytest.approx(rec["figure"] / rec["ceiling"])
     assert set(rec["peers"]) == {"torch-vector-norm", "reference"}
-    assert rec["backend"] == "reference" and rec["n_timings"] >= 5 and rec["iqr_s"] >= 0
+    assert rec["backend"] == "reference" and rec["n_timings"] >= 3 and rec["iqr_s"] >= 0
     assert json.loads(out.read_text())["provenance"]["pytest_exit_code"] == 0

@@ -86,8 +86,8 @@ ACTIVATION_SHAPES = {
     ],
 }[PROFILE]
 # Cross-check rounds of pytest-benchmark (the figure comes from measure()).
-PEDANTIC_ROUNDS = 5 if CUDA else 3
-CPU_BUDGET_S, CPU_MIN_REPS, CPU_MAX_REPS = 0.5, 5, 50
+PEDANTIC_ROUNDS = 5 if CUDA else 2
+CPU_BUDGET_S, CPU_MIN_REPS, CPU_MAX_REPS = 0.5, 3, 50
 
 
 SHAPE_FIXTURES = {"gemm_shape": GEMM_SHAPES, "forced_gemm_shape": GEMM_SHAPES_FORCED, "activation_shape": ACTIVATION_SHAPES}
