@@ -222,6 +222,7 @@ def load_corpus_documents(corpus_dir: str, document_tokens: int, **_: Any) -> "d
     Each corpus document of ``val.bin`` (ended by ``eos_id`` of ``meta.json``) is cut into
     consecutive windows of at most ``document_tokens`` tokens; each window, decoded with the
     corpus's ``tokenizer.json`` without special tokens, is one lm-eval document.
+    Equivalent to ``[tok.decode(w) for doc in val.split(eos_id) for w in chunks(doc, document_tokens)]``.
     """
     import datasets
     import numpy as np
@@ -235,7 +236,9 @@ def load_corpus_documents(corpus_dir: str, document_tokens: int, **_: Any) -> "d
     tokens = load_tokens(corpus_dir, "val")
     if len(tokens) == 0:
         raise ValueError(f"{files['val.bin']} holds no tokens")
-    eos_id = read_meta(corpus_dir)["eos_id"]
+    eos_id = read_meta(corpus_dir).get("eos_id")
+    if not isinstance(eos_id, int):
+        raise ValueError(f"{files['meta.json']} has no integer eos_id (the end-of-document token)")
     windows, start = [], 0
     for end in [*np.flatnonzero(tokens == eos_id).tolist(), len(tokens)]:
         windows += [tokens[i : min(i + document_tokens, end)].tolist() for i in range(start, end, document_tokens)]
@@ -555,6 +558,7 @@ def write_table(
     Rows are (task, metric); a column per (training recipe, model, eval forward[, limit]) holds
     the mean over seeds (± sd over seeds, or ± lm-eval's stderr for a single run); a column per
     (paper model, recipe) holds the paper's number where the reference file has one.
+    Equivalent to a pivot of :func:`summarize` over :func:`collect_records` plus the paper's entries.
     """
     results_dir = Path(results_dir)
     rows = summarize(collect_records(results_dir))

@@ -99,6 +99,11 @@ def _load(hf):
 # ----------------------------------------------------------------------------- data
 
 
+def test_network_guard_is_armed(offline):
+    with pytest.raises(AssertionError, match="network"):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+
+
 def test_offline_variables_set_on_import():
     for var in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "HF_EVALUATE_OFFLINE"):
         assert os.environ.get(var) == "1", var
