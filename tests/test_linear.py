@@ -19,13 +19,7 @@ from adahop.patterns import PATTERNS, opposite, planted_outliers
 from adahop.policy import REFERENCE_TABLE, Strategy
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small reference-path ops: starting threads costs more than they save (10x on a loaded 2-core box).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -21,13 +21,7 @@ from adahop.policy import (
 )
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small reference-path ops: starting threads costs more than they save (10x on a loaded 2-core box).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_pattern_pairs_follow_design():

@@ -29,13 +29,7 @@ from adahop.policy import REFERENCE_TABLE, Strategy
 from adahop.recipes import RECIPES, Recipe, get_recipe, recipe_from_dict
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Small reference-path ops: starting threads costs more than they save (10x on a loaded 2-core box).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 IN, OUT, BATCH, SEQ = 128, 64, 2, 96
 CALIBRATION_STEPS = 2

@@ -1,0 +1,84 @@
+"""Layer benchmarks: forward + backward of one linear layer per recipe, write ``results/layer_bench/``.
+
+    python experiments/layer_bench.py --config config/gpu.yaml --out results/layer_bench/gpu/layers.json
+    python experiments/layer_bench.py --profile smoke --out /tmp/layers.json
+
+Runs ``tests/bench/test_bench_layer.py`` through pytest-benchmark (as ``experiments/microbench.py``
+does for the kernels, with ``ADAHOP_BENCH_PROFILE``: ``smoke`` = 128 tokens and small layers on a
+CPU, ``gpu`` = Llama-3 8B projections at 16k tokens) and writes one record per (variant, shape): the
+layer's TFLOP/s of fwd+bwd work, nn.Linear bf16 and torchao float8 rowwise (where importable)
+measured in the same run, the ratios to them (``speedup_vs_bf16``), the GEMM path and the strategies.
+
+Profile file, section ``layer_bench`` (every key optional):
+    bench_profile: smoke | gpu     sizes (default: the file's top-level ``profile``)
+    select: <pytest -k expression> a subset, e.g. "iht and q/o" (default: all)
+
+Exit status: pytest's; the file is written with whatever was measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import yaml
+
+import microbench  # experiments/ is on sys.path when this script runs
+from adahop.provenance import write_results
+
+TEST = "test_layer_fwd_bwd"
+
+
+def records(doc: dict) -> list[dict]:
+    """microbench's record of each layer benchmark, with the layer's own fields added."""
+    layer_info = {b["name"]: b.get("extra_info", {}).get("layer") for b in doc.get("benchmarks", [])}
+    out = []
+    for rec in microbench.records_from_benchmark_json(doc):
+        if rec["test"].startswith(TEST) and layer_info.get(rec["test"]):
+            out.append({**rec, **layer_info[rec["test"]]})
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", type=Path, help="profile YAML (its `profile` and `layer_bench` section)")
+    p.add_argument("--profile", choices=microbench.PROFILES, help="benchmark sizes; overrides the config file")
+    p.add_argument("--select", help="pytest -k expression; overrides the config file")
+    p.add_argument("--out", type=Path, required=True, help="results file")
+    p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
+    args = p.parse_args(argv)
+    cfg = yaml.safe_load(args.config.read_text()) if args.config else {}
+    section = cfg.get("layer_bench") or {}
+    unknown = set(section) - {"bench_profile", "select"}
+    if unknown:
+        raise SystemExit(f"layer_bench: unknown keys in the profile's layer_bench section: {sorted(unknown)}")
+    bench_profile = args.profile or section.get("bench_profile") or cfg.get("profile") or (
+        "gpu" if torch.cuda.is_available() else "smoke")
+    if bench_profile not in microbench.PROFILES:
+        raise SystemExit(f"layer_bench: bench profile must be one of {microbench.PROFILES}, got {bench_profile!r}")
+    select = args.select if args.select is not None else section.get("select")
+    expr = f"{TEST} and ({select})" if select else TEST
+    with tempfile.TemporaryDirectory() as tmp:
+        json_path = Path(tmp) / "benchmark.json"
+        rc, cmd = microbench.run_benchmarks(bench_profile, expr, json_path)
+        if not json_path.exists():
+            print(f"layer_bench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
+            return rc or 1
+        doc = json.loads(json_path.read_text())
+    recs = records(doc)
+    write_results(args.out, recs, config={"bench_profile": bench_profile, "select": select},
+                  overwrite=args.overwrite, extra_provenance={"pytest_command": cmd[1:], "pytest_exit_code": rc})
+    for r in recs:
+        peers = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_to_peers"].items())
+        print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "
+              f"{r['figure']:.3g} {r['unit']} (vs {peers}; path {r['gemm_path']})")
+    print(f"layer_bench: {len(recs)} records -> {args.out} (pytest exit code {rc})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Linear-layer forward + backward per recipe, beside nn.Linear bf16 and torchao float8, same run.
+
+One benchmark per (variant, layer shape): ``torch.autograd.grad`` of the layer's output for X and W
+(no bias, as in Llama), bf16 operands, ``TOKENS`` tokens. Work = the three GEMMs, 6·T·in·out flop;
+the figure is TFLOP/s of that work, so ratios between figures are speed-ups.
+
+Peers, timed in the same process: ``nn.Linear-bf16`` (cuBLAS bf16, eager) and, on CUDA where
+torchao imports, ``torchao-float8-rowwise`` (``convert_to_float8_training`` with the rowwise recipe,
+``torch.compile``d as torchao intends). Ceiling: the device's GEMM ceiling of tests/bench/conftest.py
+(cuBLAS FP8 rowwise on the H200) at the forward GEMM's shape.
+
+Target on the H200 (issue 3): the ``iht`` variant >= 1.5x ``nn.Linear-bf16`` at Llama-3 8B shapes,
+16k tokens. No timing asserts: ``experiments/layer_bench.py`` collects the JSON.
+"""
+
+import os
+
+import pytest
+import torch
+from torch import nn
+
+import adahop
+from adahop import ops
+
+CUDA = torch.cuda.is_available()
+PROFILE = os.environ.get("ADAHOP_BENCH_PROFILE") or ("gpu" if CUDA else "smoke")  # as tests/bench/conftest.py
+TOKENS = {"smoke": 128, "gpu": 16384}[PROFILE]
+# (name, (in_features, out_features)): Llama-3 8B's projections on the GPU.
+LAYERS = {
+    "smoke": [("128-128", (128, 128)), ("128-256", (128, 256))],
+    "gpu": [("llama3-8b-q/o", (4096, 4096)), ("llama3-8b-k/v", (4096, 1024)),
+            ("llama3-8b-gate/up", (4096, 14336)), ("llama3-8b-down", (14336, 4096))],
+}[PROFILE]
+# variant -> (recipe, overrides): every strategy of the layer, each on all three GEMMs it allows.
+VARIANTS = {
+    "mxfp4": ("mxfp4", {}),
+    "iht": ("uniform-iht", {}),
+    "oe-left": ("uniform-iht", {"fwd": "iht+oe-left", "dgrad": "iht+oe-left", "wgrad": "iht"}),
+    "oe-right": ("uniform-iht", {"fwd": "iht+oe-right", "dgrad": "iht+oe-right", "wgrad": "iht+oe-right"}),
+    "tseng": ("tseng", {}),
+    "quartet-style": ("quartet-style", {}),
+}
+
+
+def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
+    """One training step's work of ``layer``: Y, then dX and dW from dY."""
+    return lambda: torch.autograd.grad(layer(x), (x, layer.weight), gy)
+
+
+def torchao_rowwise(fin: int, fout: int, device: torch.device) -> nn.Module | None:
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return None
+    model = nn.Sequential(nn.Linear(fin, fout, bias=False)).to(device, torch.bfloat16)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"))
+    return torch.compile(model)
+
+
+@pytest.mark.parametrize("shape", [s for _, s in LAYERS], ids=[n for n, _ in LAYERS])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_layer_fwd_bwd(benchmark, bench, variant, shape):
+    fin, fout = shape
+    recipe, overrides = VARIANTS[variant]
+    device = bench.device
+    x = bench.randn(TOKENS, fin, seed=1).requires_grad_()
+    gy = bench.randn(TOKENS, fout, seed=2)
+    linear = nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16)
+    layer = adahop.convert(nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16), recipe, **overrides)
+    peers = {"nn.Linear-bf16": fwd_bwd(linear, x, gy)}
+    ao = torchao_rowwise(fin, fout, device) if device.type == "cuda" else None
+    if ao is not None:
+        peers["torchao-float8-rowwise"] = lambda: torch.autograd.grad(ao(x), (x, ao[0].weight), gy)
+    ceiling, _ = bench.ceilings.names_for_gemm()
+    info = bench.run(
+        benchmark, fwd_bwd(layer, x, gy), op=f"linear fwd+bwd [{variant}]", shape=(TOKENS, fin, fout),
+        dtype="bf16 in/out, mxfp4 GEMMs", work=6 * TOKENS * fin * fout, unit="TFLOP/s", ceiling=ceiling,
+        ceiling_shape=(TOKENS, fout, fin), peers=peers, gemm_path=ops.gemm_path(device).value,
+    )
+    if info is not None:
+        benchmark.extra_info["layer"] = {
+            "variant": variant, "recipe": recipe, "overrides": overrides, "tokens": TOKENS,
+            "in_features": fin, "out_features": fout,
+            "strategies": {k: v.value for k, v in layer.strategies.items()},
+            "speedup_vs_bf16": info["ratio_to_peers"]["nn.Linear-bf16"],
+        }
