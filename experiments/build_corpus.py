@@ -98,7 +98,8 @@ def main(argv=None) -> int:
                        max_bytes_per_source=settings["max_bytes_per_source"],
                        quality=settings["quality"])
     out = Path(args.out)
-    manifest = build_corpus(cfg, out, settings["cache_dir"], workers=args.workers)
+    manifest = build_corpus(cfg, out, settings["cache_dir"], workers=args.workers,
+                            log=lambda line: print(line, flush=True))
     print(f"corpus: {manifest['totals']['bytes_kept'] / 1e6:.1f} MB kept; training the tokenizer "
           f"(vocab {settings['vocab_size']})", flush=True)
     meta = data.write_shards(out, vocab_size=settings["vocab_size"])

@@ -4,8 +4,12 @@ markup snippets are copied from the real packages, the corpus fixture is generat
 import gzip
 import hashlib
 import json
+import os
 import random
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -184,11 +188,16 @@ GCIDE_ENTRY = """Abdicator \\Ab"di*ca`tor\\, n.
    [1913 Webster]
 
    {Abdication} of the throne.
+
+Polysynthetic (p[o^]l`[i^]*s[i^]n*th[e^]t"[i^]k), a. [Poly- + synthetic.]
+   Characterized by polysynthesis; as, ac['e]reux, antenn[ae]. [PJC]
 """
 
 
-def test_dictd_entry_pronunciation_tags_braces():
-    assert markup.dictd_entry_to_text(GCIDE_ENTRY) == "Abdicator, n. One who abdicates.\n\nAbdication of the throne."
+def test_dictd_entry_pronunciation_tags_accents_braces():
+    assert markup.dictd_entry_to_text(GCIDE_ENTRY).split("\n\n") == [
+        "Abdicator, n. One who abdicates.", "Abdication of the throne.",
+        "Polysynthetic, a. [Poly- + synthetic.] Characterized by polysynthesis; as, acereux, antennae."]
 
 
 def test_dictd_index_offsets_in_base64_and_metadata_skipped():
@@ -344,11 +353,18 @@ def test_rerun_is_byte_identical(built, tmp_path):
         assert (tmp / name).read_bytes() == (tmp_path / name).read_bytes(), name
 
 
-def test_tokenizer_training_is_deterministic():
+def test_tokenizer_training_is_deterministic(tmp_path):
     texts = [prose(random.Random(i), 30) for i in range(30)]
     a = data.train_tokenizer(texts, 400).to_str()
-    b = data.train_tokenizer(iter(texts), 400).to_str()
-    assert a == b
+    assert data.train_tokenizer(iter(texts), 400).to_str() == a
+    # Another process with one Rayon thread (and another hash seed) trains the same tokenizer.
+    (tmp_path / "texts.json").write_text(json.dumps(texts))
+    code = ("import json, sys; from adahop.data import train_tokenizer; "
+            "print(train_tokenizer(json.load(open(sys.argv[1])), 400).to_str(), end='')")
+    env = {**os.environ, "RAYON_NUM_THREADS": "1", "PYTHONHASHSEED": "123"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "texts.json")], env=env,
+                         capture_output=True, text=True, check=True, cwd=Path(data.__file__).parent.parent)
+    assert out.stdout == a
 
 
 def test_tokenizer_round_trip_and_special_tokens(built):
