@@ -10,8 +10,8 @@ include: "rules/corpus.smk"
 include: "rules/microbench.smk"
 include: "rules/layer_bench.smk"
 include: "rules/memory.smk"
-include: "rules/patterns.smk"
 include: "rules/pretrain.smk"
+include: "rules/patterns.smk"
 include: "rules/eval.smk"
 include: "rules/figures.smk"
 
@@ -19,4 +19,5 @@ include: "rules/figures.smk"
 rule all:
     input:
         ALL_RESULTS,
+        TABLES,
         FIGURES,

@@ -53,16 +53,20 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def records(docs: Iterable[dict[str, Any]]) -> pd.DataFrame:
+def records(docs: Iterable[dict[str, Any]], required: Iterable[str] = ()) -> pd.DataFrame:
     """Every record of every document as one frame, with the document's ``seed`` (when the
-    record has none) and ``path``. An empty result raises ValueError: a figure of nothing is a bug."""
-    rows = []
-    for doc in docs:
-        for rec in doc["records"]:
-            rows.append({"seed": doc["provenance"].get("seed"), **rec, "path": doc["path"]})
+    record has none) and ``path``. No records, or records without a ``required`` field (results
+    of another stage?), raise ValueError naming the files: a figure of nothing is a bug."""
+    docs = list(docs)
+    paths = [d["path"] for d in docs]
+    rows = [{"seed": d["provenance"].get("seed"), **rec, "path": d["path"]} for d in docs for rec in d["records"]]
     if not rows:
-        raise ValueError(f"no records in {[d['path'] for d in docs]}")
-    return pd.DataFrame(rows)
+        raise ValueError(f"no records in {paths}")
+    frame = pd.DataFrame(rows)
+    missing = [c for c in required if c not in frame.columns]
+    if missing:
+        raise ValueError(f"the records of {paths} lack {missing}: are these results of the stage this figure reads?")
+    return frame
 
 
 def device_label(docs: Iterable[dict[str, Any]]) -> str:

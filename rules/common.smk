@@ -10,15 +10,12 @@ Layout for a profile P (``config["profile"]``):
 
 import os
 import sys
+from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-
-validate(config, "../config/schema.yaml", set_default=False)
-
-PROFILE = config["profile"]
 # Jobs run `python` from the environment that runs snakemake (.venv/bin in the quick start, also
 # when the venv is not activated): its folder goes first on PATH. The commands say plain `python`,
 # so their code (a rerun trigger) does not change when the venv moves.
@@ -55,6 +52,7 @@ def _check_scripts_see_this_config():
     # scripts disagree: both are refused here, naming the keys.
     with open(CONFIG_FILE) as f:
         on_disk = yaml.safe_load(f) or {}
+    validate(on_disk, "../config/schema.yaml", set_default=False)
     overridden = set(workflow.config_settings.config or {})
     differ = [
         d for d in _differences(on_disk, config)
@@ -77,7 +75,10 @@ def _check_scripts_see_this_config():
 
 
 _check_scripts_see_this_config()
+# The profile file is valid and the config equals it but for WORKFLOW_ONLY_KEYS: check those.
+validate(config, "../config/schema.yaml", set_default=False)
 
+PROFILE = config["profile"]
 COMMITTED = config["results_from"] == "committed"
 
 

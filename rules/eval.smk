@@ -17,3 +17,18 @@ rule eval:
     shell:
         # --no-table: the per-folder table is written once by eval_table, not raced by parallel jobs.
         script_cmd("{input.script}", "--checkpoint {input.run}/hf --out {output} --no-table")
+
+
+rule eval_table:
+    input:
+        script="experiments/evaluate.py",
+        results=expand(results_path("eval", "{run}"), run=RUNS),
+        reference="adahop/paper_reference.yaml",
+    output:
+        md=f"results/eval/{PROFILE}/table.md",
+        csv=f"results/eval/{PROFILE}/table.csv",
+    log:
+        log_path("eval_table"),
+    shell:
+        # Mean and spread over seeds per task, beside the paper's numbers (adahop/paper_reference.yaml).
+        script_cmd("{input.script}", f"--table results/eval/{PROFILE}")

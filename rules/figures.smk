@@ -15,7 +15,10 @@ FIGURE_INPUTS = {
     "fig5_memory": [results_path("memory", "memory")],
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
 }
+# Read beside the results: the paper's own numbers, each citing its table.
+FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
 ALL_RESULTS = sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
+TABLES = [rules.eval_table.output.md, rules.eval_table.output.csv]
 FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=("png", "pdf"))
 
 
@@ -27,6 +30,7 @@ rule figure:
     input:
         script="paper_figs/{figure}.py",
         results=lambda wildcards: FIGURE_INPUTS[wildcards.figure],
+        references=lambda wildcards: FIGURE_REFERENCES.get(wildcards.figure, []),
     output:
         png=f"{FIGURE_DIR}/{{figure}}.png",
         pdf=f"{FIGURE_DIR}/{{figure}}.pdf",
@@ -44,3 +48,4 @@ rule figure:
 rule figures:
     input:
         FIGURES,
+        TABLES,

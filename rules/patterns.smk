@@ -1,15 +1,17 @@
-# The outlier-pattern study: operands of every linear layer captured over a short training run,
-# labelled row/col/none per GEMM orientation, and the output error of each strategy per pair.
+# The outlier-pattern study: operands of every linear layer captured over short training runs
+# (and a package-shipped pretrained model), labelled row/col/none per GEMM orientation, and the
+# output error of each strategy per pattern pair. Its runs take the pretrain section's settings.
 
 
 rule patterns:
     input:
         script=stage_input("experiments/patterns.py"),
-        corpus=[stage_input(f"{CORPUS_DIR}/{name}") for name in CORPUS_FILES],
+        corpus=[stage_input(p) for p in rules.corpus.output.data + rules.corpus.output.text],
     output:
         results_path("patterns", "patterns"),
     params:
         patterns=config["patterns"],
+        train=TRAIN_SETTINGS,
     log:
         log_path("patterns"),
     shell:

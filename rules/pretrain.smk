@@ -22,7 +22,7 @@ wildcard_constraints:
 rule pretrain:
     input:
         script=stage_input("experiments/pretrain.py"),
-        corpus=[stage_input(f"{CORPUS_DIR}/{name}") for name in CORPUS_FILES],
+        corpus=[stage_input(p) for p in rules.corpus.output.data],
     output:
         results=results_path("pretrain", RUN),
         run=directory(f"runs/{PROFILE}/{RUN}"),

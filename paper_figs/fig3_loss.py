@@ -1,0 +1,84 @@
+"""Figure 3: training and held-out loss per recipe, mean and spread over seeds.
+
+Reads results/pretrain/<profile>/<model>_<recipe>_s<seed>.json (experiments/pretrain.py): each
+record's ``loss_curve`` (training loss at ~20 evenly spaced steps), ``val_curve`` (held-out loss
+at every evaluation) and ``tokens_per_step``. One row of panels per model size: training loss and
+held-out loss against training tokens (line: mean over seeds; band: min to max over seeds), and
+the final held-out loss of every seed per recipe.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+import common
+
+
+def curves(runs: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
+    """One row per (run, logged step) of the curve ``column`` (a list of {step, value} dicts)."""
+    rows = [
+        {"model": r.model, "recipe": r.recipe, "seed": r.seed, "tokens": p["step"] * r.tokens_per_step, value: p[value]}
+        for r in runs.itertuples()
+        for p in (getattr(r, column) or [])
+        if p.get(value) is not None
+    ]
+    return pd.DataFrame(rows, columns=["model", "recipe", "seed", "tokens", value])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common.parse_args(__doc__, argv)
+    docs = common.load(args.results)
+    runs = common.records(docs, ["model", "recipe", "loss_curve", "val_curve", "tokens_per_step", "final_val_loss"])
+    train, val = curves(runs, "loss_curve", "loss"), curves(runs, "val_curve", "val_loss")
+    if train.empty:
+        raise ValueError(f"no training-loss points in {[str(p) for p in args.results]}")
+    models = list(dict.fromkeys(runs["model"]))
+    order = common.recipe_order(runs["recipe"])
+    palette = common.recipe_palette()
+    seeds = runs.groupby(["model", "recipe"])["seed"].nunique()
+    scale, unit = (1e6, "M") if train["tokens"].max() >= 1e6 else (1e3, "k")
+
+    common.style()
+    fig, axes = plt.subplots(len(models), 3, figsize=(13, 3.8 * len(models)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.2, 1.2, 1]})
+    for row, model in zip(axes, models):
+        for ax, frame, value, title in (
+            (row[0], train, "loss", "training loss"),
+            (row[1], val, "val_loss", "held-out loss"),
+        ):
+            part = frame[frame["model"] == model].assign(tokens=lambda d: d["tokens"] / scale)
+            if part.empty:
+                ax.text(0.5, 0.5, "no held-out evaluations in these runs", ha="center", va="center", transform=ax.transAxes)
+            else:
+                sns.lineplot(data=part, x="tokens", y=value, hue="recipe", hue_order=[r for r in order if r in set(part["recipe"])],
+                             palette=palette, errorbar=("pi", 100), marker="o" if value == "val_loss" else None,
+                             markersize=4, ax=ax, legend=ax is row[0])
+            ax.set_xlabel(f"training tokens ({unit})")
+            ax.set_ylabel(f"{title} (nats/token)")
+            ax.set_title(f"{model}: {title}")
+        final = runs[runs["model"] == model].dropna(subset=["final_val_loss"])
+        ax = row[2]
+        if final.empty:
+            ax.text(0.5, 0.5, "no final held-out loss", ha="center", va="center", transform=ax.transAxes)
+        else:
+            present = [r for r in order if r in set(final["recipe"])]
+            sns.pointplot(data=final, y="recipe", x="final_val_loss", order=present, hue="recipe", palette=palette,
+                          errorbar=None, markers="|", markersize=14, linestyle="none", legend=False, ax=ax)
+            sns.stripplot(data=final, y="recipe", x="final_val_loss", order=present, hue="recipe", palette=palette,
+                          size=5, alpha=0.8, jitter=False, legend=False, ax=ax)
+            ax.set_yticks(range(len(present)), [f"{r} ({seeds[(model, r)]} seeds)" for r in present])
+        ax.set_xlabel("final held-out loss (nats/token)")
+        ax.set_ylabel("")
+        ax.set_title(f"{model}: final held-out loss (dots: seeds, bar: mean)")
+        handles, labels = row[0].get_legend_handles_labels()
+        if row[0].get_legend() is not None:
+            row[0].get_legend().remove()
+        row[0].legend(handles, labels, title="recipe (band: min–max over seeds)", fontsize="small", title_fontsize="small")
+    fig.suptitle(f"Pretraining loss per recipe — {common.device_label(docs)}, {len(docs)} runs")
+    common.save(fig, args, docs)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""Figure 4: kernel and layer throughput against the ceilings measured in the same run.
+
+Reads results/microbench/<profile>/kernels.json (experiments/microbench.py) and
+results/layer_bench/<profile>/layers.json (experiments/layer_bench.py). Every record holds its
+``figure`` in ``unit`` (GB/s for memory-bound ops: bytes read + written; TFLOP/s for GEMMs and
+layers), the ``ceiling`` measured in the same process (``ceiling_name``: ``copy``,
+``cublas-fp8-rowwise`` on the H200, ``torch-fp32-matmul`` on a CPU) and ``peers`` (e.g.
+``cublas-bf16``, ``nn.Linear-bf16``, ``torchao-float8-rowwise``) measured beside it.
+
+Panels: memory-bound kernels against the copy bandwidth; GEMMs against their peer and ceiling per
+shape; each layer variant's forward + backward speed-up over ``nn.Linear`` in bf16 (and torchao's).
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+import common
+
+
+def shape_label(shape) -> str:
+    return "×".join(str(s) for s in shape)
+
+
+def gemm_frame(gemms: pd.DataFrame) -> pd.DataFrame:
+    """Long frame (shape, series, TFLOP/s): each GEMM op, and per shape its peers and ceiling."""
+    rows = []
+    for r in gemms.itertuples():
+        shape = shape_label(r.shape)
+        path = f" [{r.gemm_path}]" if isinstance(r.gemm_path, str) else ""
+        rows.append({"shape": shape, "series": f"{r.op}{path}", "value": r.figure})
+        rows.append({"shape": shape, "series": f"{r.ceiling_name} (ceiling)", "value": r.ceiling})
+        rows.extend({"shape": shape, "series": f"{name} (peer)", "value": v} for name, v in r.peers.items())
+    # Peers and ceilings are measured once per shape: one bar each.
+    return pd.DataFrame(rows).drop_duplicates(["shape", "series"])
+
+
+def layer_frame(layers: pd.DataFrame) -> pd.DataFrame:
+    """Long frame (layer, series, speed-up over nn.Linear bf16) of every variant and peer."""
+    rows = []
+    for r in layers.itertuples():
+        layer = f"{r.in_features}→{r.out_features}"
+        base = r.peers["nn.Linear-bf16"]
+        rows.append({"layer": layer, "series": r.variant, "value": r.figure / base})
+        rows.extend({"layer": layer, "series": f"{name} (peer)", "value": v / base}
+                    for name, v in r.peers.items() if name != "nn.Linear-bf16")
+    return pd.DataFrame(rows).drop_duplicates(["layer", "series"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common.parse_args(__doc__, argv)
+    docs = common.load(args.results)
+    recs = common.records(docs, ["test", "op", "shape", "unit", "figure", "ceiling", "ceiling_name", "peers"])
+    is_layer = recs["test"].str.startswith("test_layer_fwd_bwd")
+    kernels, layers = recs[~is_layer], recs[is_layer]
+    memory = kernels[kernels["unit"] == "GB/s"]
+    gemms = kernels[kernels["unit"] == "TFLOP/s"]
+
+    common.style()
+    fig, axes = plt.subplots(1, 3, figsize=(20, 6.5), gridspec_kw={"width_ratios": [1.3, 1.2, 1]})
+    ax = axes[0]
+    if memory.empty:
+        ax.text(0.5, 0.5, "no memory-bound kernel records", ha="center", va="center", transform=ax.transAxes)
+    else:
+        memory = memory.assign(shape=memory["shape"].map(shape_label))
+        sns.barplot(data=memory, y="op", x="figure", hue="shape", ax=ax)
+        for i, copy in enumerate(sorted(set(memory["ceiling"]))):
+            ax.axvline(copy, color="black", linestyle="--", linewidth=1,
+                       label="copy ceiling (same run)" if i == 0 else None)
+        ax.legend(title="shape (rows×cols)", fontsize="small", title_fontsize="small")
+    ax.set_xlabel("throughput (GB/s, bytes read + written)")
+    ax.set_ylabel("")
+    ax.tick_params(axis="y", labelsize="small")
+    ax.set_title("memory-bound kernels vs copy bandwidth")
+
+    ax = axes[1]
+    if gemms.empty:
+        ax.text(0.5, 0.5, "no GEMM records", ha="center", va="center", transform=ax.transAxes)
+    else:
+        frame = gemm_frame(gemms)
+        sns.barplot(data=frame, x="shape", y="value", hue="series", ax=ax)
+        ax.legend(fontsize="small", title="kernel / peer / ceiling", title_fontsize="small")
+        ax.tick_params(axis="x", labelsize="small", rotation=20)
+    ax.set_xlabel("GEMM shape (M×N×K)")
+    ax.set_ylabel("throughput (TFLOP/s)")
+    ax.set_title("MXFP4 GEMMs vs peers and ceiling")
+
+    ax = axes[2]
+    if layers.empty:
+        ax.text(0.5, 0.5, "no layer records", ha="center", va="center", transform=ax.transAxes)
+        ax.set_xticks([])
+    else:
+        frame = layer_frame(layers)
+        sns.barplot(data=frame, x="layer", y="value", hue="series", ax=ax)
+        ax.axhline(1, color="black", linestyle="--", linewidth=1, label="nn.Linear bf16")
+        ax.legend(fontsize="small", title="layer variant", title_fontsize="small", ncols=2)
+        tokens = sorted(set(layers["tokens"]))
+        ax.set_title(f"linear layer fwd+bwd, {', '.join(map(str, tokens))} tokens")
+    ax.set_xlabel("layer (in→out features)")
+    ax.set_ylabel("speed-up over nn.Linear bf16 (×)")
+    fig.suptitle(f"Throughput against same-run ceilings — {common.device_label(docs)}")
+    common.save(fig, args, docs)
+
+
+if __name__ == "__main__":
+    main()

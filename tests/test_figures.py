@@ -1,0 +1,183 @@
+"""Every paper figure script on results written by the real stage scripts at a tiny scale.
+
+The results files are produced here (in a temporary folder, never under results/) by calling each
+experiments/ script's ``main`` in this process with a tiny profile: pretraining (2 recipes × 2
+seeds, 3 steps), lm-eval (2 documents of one task plus the corpus perplexity), the pattern study
+(2 capture points), memory, and one kernel and one layer benchmark. So a figure script that no
+longer reads what its stage writes fails here, not in `snakemake all`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from adahop import data
+from adahop.provenance import read_results
+
+ROOT = Path(__file__).resolve().parent.parent
+RUNS = [(recipe, seed) for recipe in ("bf16", "mxfp4") for seed in (0, 1)]
+TINY_TRAIN = {"steps": 3, "batch_size": 2, "seq_len": 32, "lr": 3e-3, "warmup_steps": 1, "eval_interval": 2,
+              "eval_batches": 1, "checkpoint_interval": 0, "precision": "fp32", "compile": False}
+
+
+def load(path: Path):
+    """A script as a module (experiments/ and paper_figs/ are folders of scripts, not packages)."""
+    spec = importlib.util.spec_from_file_location(f"_{path.parent.name}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))  # their sibling imports (common, microbench)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(path.parent))
+    return module
+
+
+def run_main(path: Path, *argv) -> int | None:
+    module = load(path)
+    sys.path.insert(0, str(path.parent))
+    try:
+        return module.main([str(a) for a in argv])
+    finally:
+        sys.path.remove(str(path.parent))
+
+
+def script(name: str) -> Path:
+    path = ROOT / "experiments" / f"{name}.py"
+    if not path.exists():
+        pytest.skip(f"experiments/{name}.py is not written yet")
+    return path
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny ops gain nothing from a second thread on a shared 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("figures")
+
+
+@pytest.fixture(scope="module")
+def profile(work) -> Path:
+    """The smoke profile shrunk further: every stage section present, tiny settings."""
+    cfg = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
+    cfg["pretrain"].update(TINY_TRAIN)
+    cfg["eval"].update(tasks=["arc_easy", "corpus_ppl"], limit=2, batch_size=2, dtype="float32", document_tokens=64)
+    cfg["patterns"].update(capture_steps=[1, 2], max_tokens=32, pretrained=[], recipes=["bf16", "mxfp4"])
+    cfg["memory"] = {"size": "smoke", "layer_shapes": [[64, 64, 64], [64, 64, 128]], "batch_size": 1, "seq_len": 32,
+                     "vocab_size": 256, "recipes": ["bf16", "mxfp4", "adahop"], "calibration_steps": 1}
+    path = work / "profile.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(work) -> Path:
+    """A data folder (adahop.data) of sentences from a small random grammar, a 300-token BPE."""
+    rng = np.random.default_rng(0)
+    words = (["the cat", "a dog", "my friend", "the king"], ["sees", "likes", "finds", "holds"],
+             ["the ball", "a red apple", "some bread", "a small boat"])
+    docs = [" ".join(" ".join(rng.choice(w) for w in words) + "." for _ in range(12)) for _ in range(300)]
+    out = work / "data"
+    for split, part in (("train", docs[:270]), ("val", docs[270:])):
+        data.write_jsonl(out / "text" / f"{split}.jsonl",
+                         ({"id": f"{split}-{i}", "source": "grammar", "text": t} for i, t in enumerate(part)))
+    data.write_shards(out, vocab_size=300)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pretrain_results(work, profile, corpus) -> list[Path]:
+    path, out = script("pretrain"), []
+    for recipe, seed in RUNS:
+        name = f"tiny_{recipe}_s{seed}"
+        results = work / "results" / "pretrain" / f"{name}.json"
+        run_main(path, "--config", profile, "--model", "tiny", "--recipe", recipe, "--seed", seed, "--data", corpus,
+                 "--out", work / "runs" / name, "--results", results, "--no-progress")
+        out.append(results)
+    return out
+
+
+@pytest.fixture(scope="module")
+def eval_results(work, profile, corpus, pretrain_results) -> list[Path]:
+    path, out = script("evaluate"), []
+    for recipe, seed in RUNS:
+        name = f"tiny_{recipe}_s{seed}"
+        results = work / "results" / "eval" / f"{name}.json"
+        run_main(path, "--config", profile, "--checkpoint", work / "runs" / name / "hf", "--corpus-dir", corpus,
+                 "--out", results, "--no-table")
+        out.append(results)
+    return out
+
+
+@pytest.fixture(scope="module")
+def patterns_results(work, profile, corpus) -> list[Path]:
+    results = work / "results" / "patterns" / "patterns.json"
+    run_main(script("patterns"), "--config", profile, "--data", corpus, "--out", results)
+    return [results]
+
+
+@pytest.fixture(scope="module")
+def memory_results(work, profile) -> list[Path]:
+    results = work / "results" / "memory" / "memory.json"
+    run_main(script("memory"), "--config", profile, "--out", results)
+    return [results]
+
+
+@pytest.fixture(scope="module")
+def bench_results(work, profile) -> list[Path]:
+    """One memory-bound kernel, one GEMM and one layer variant, through the real benchmark runners."""
+    kernels, layers = work / "results" / "microbench" / "kernels.json", work / "results" / "layer_bench" / "layers.json"
+    assert run_main(script("microbench"), "--config", profile, "--out", kernels, "--select",
+                    "(test_dequantize and 256x512) or (test_mxfp4_mm and square-256 and not with and not forced)") == 0
+    assert run_main(script("layer_bench"), "--config", profile, "--out", layers, "--select", "mxfp4 and 128-128") == 0
+    return [kernels, layers]
+
+
+FIGURES = {
+    "fig1_patterns": "patterns_results",
+    "fig2_pair_error": "patterns_results",
+    "fig3_loss": "pretrain_results",
+    "fig4_throughput": "bench_results",
+    "fig5_memory": "memory_results",
+    "fig6_lm_eval": "eval_results",
+}
+
+
+@pytest.mark.parametrize("figure", list(FIGURES))
+def test_figure_script_draws_png_and_pdf_from_its_stage_results(figure, request, work, profile):
+    results = request.getfixturevalue(FIGURES[figure])
+    assert all(read_results(p)["records"] for p in results)
+    out = work / "out" / figure
+    run_main(ROOT / "paper_figs" / f"{figure}.py", "--config", profile, "--out", out, *results)
+    png, pdf = out.with_suffix(".png"), out.with_suffix(".pdf")
+    assert pdf.read_bytes().startswith(b"%PDF")
+    with Image.open(png) as img:
+        assert img.format == "PNG" and min(img.size) > 300
+        assert img.info["Source"] == ", ".join(str(p) for p in results)
+
+
+def test_figure_script_refuses_results_of_another_stage(work, profile, memory_results):
+    with pytest.raises(ValueError, match=r"lack \['loss_curve'"):
+        run_main(ROOT / "paper_figs" / "fig3_loss.py", "--config", profile, "--out", work / "out" / "wrong", *memory_results)
+    assert not (work / "out" / "wrong.png").exists()
+
+
+def test_figure_script_refuses_a_file_that_is_not_a_results_file(work, profile):
+    bad = work / "not_results.json"
+    bad.write_text('{"records": []}')
+    with pytest.raises(ValueError, match="not a results file"):
+        run_main(ROOT / "paper_figs" / "fig5_memory.py", "--out", work / "out" / "bad", bad)

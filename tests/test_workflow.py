@@ -1,0 +1,195 @@
+"""The Snakemake workflow: lint, the DAG of every profile, the config schema, committed results.
+
+Each test runs snakemake (dry runs only) in a copy of the workflow's files in a temporary folder,
+so outputs already present in the repository (a smoke run, committed GPU results) never change
+what a test sees.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+SNAKEMAKE = Path(sys.executable).with_name("snakemake")
+WORKFLOW_FILES = ("Snakefile", "rules", "config", "profiles", "experiments", "paper_figs", "tests/bench",
+                  "adahop/paper_reference.yaml")
+PROFILES = ("smoke", "gpu")
+STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "eval")
+GPU_RULES = ("microbench", "layer_bench", "memory", "patterns", "pretrain", "eval")
+# The one lint left on purpose: software comes from setup.sh's virtual environment (README), not
+# from a conda environment or container per rule.
+ACCEPTED_LINTS = ("Specify a conda environment or container for each rule.",)
+
+
+def stage_scripts() -> list[str]:
+    """Every script a rule calls (the shell commands name them as inputs)."""
+    text = "".join(p.read_text() for p in sorted((ROOT / "rules").glob("*.smk")))
+    return sorted(set(re.findall(r"stage_input\(\"(experiments/[a-z_]+\.py)\"\)", text)))
+
+
+MISSING_SCRIPTS = [s for s in stage_scripts() if not (ROOT / s).exists()]
+needs_all_scripts = pytest.mark.skipif(
+    bool(MISSING_SCRIPTS), reason=f"stage scripts not written yet: {MISSING_SCRIPTS}"
+)
+
+
+def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    """Run snakemake; ``.output`` holds stdout and stderr together (its log goes to either)."""
+    out = subprocess.run([str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    out.output = out.stdout + out.stderr
+    return out
+
+
+def job_counts(out: str) -> dict[str, int]:
+    """The first "Job stats" table of snakemake's output as {rule: count}."""
+    table = out.split("Job stats:", 1)[1].split("total", 1)[0]
+    return {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
+
+
+@pytest.fixture
+def workflow(tmp_path: Path) -> Path:
+    """A copy of the workflow's files (no results, no data, no .snakemake metadata)."""
+    for name in WORKFLOW_FILES:
+        src, dst = ROOT / name, tmp_path / name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "out"))
+        elif src.exists():
+            shutil.copy2(src, dst)
+    return tmp_path
+
+
+def profile(name: str) -> dict:
+    return yaml.safe_load((ROOT / "config" / f"{name}.yaml").read_text())
+
+
+# --------------------------------------------------------------------------- lint and DAG
+
+
+def test_lint_has_no_warnings_that_matter(workflow):
+    out = snakemake(workflow, "--lint")
+    titles = re.findall(r"^\s+\* (.+?):?$", out.output, re.M)
+    assert titles, "snakemake --lint printed nothing: did it run?\n" + out.output[-2000:]
+    assert [t for t in titles if t not in ACCEPTED_LINTS] == []
+
+
+@needs_all_scripts
+@pytest.mark.parametrize("name", PROFILES)
+def test_dry_run_resolves_every_stage(workflow, name):
+    out = snakemake(workflow, "-n", "all", "--configfile", f"config/{name}.yaml")
+    assert out.returncode == 0, out.output[-3000:]
+    assert "Using workflow specific profile profiles/default" in out.output
+    counts = job_counts(out.output)
+    runs = profile(name)["pretrain"]
+    n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
+    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "figure": 6,
+                      "all": 1}
+
+
+@needs_all_scripts
+def test_slurm_profile_gives_every_gpu_stage_one_gpu(workflow):
+    pytest.importorskip("snakemake_executor_plugin_slurm")
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/slurm")
+    assert out.returncode == 0, out.output[-3000:]
+    text = out.output
+    for rule in GPU_RULES:
+        block = re.search(rf"^rule {rule}:\n(.*?)^\s*$", text, re.M | re.S)
+        assert block and "gres=gpu:1" in block[1], f"rule {rule} has no GPU in the Slurm profile"
+    corpus = re.search(r"^rule corpus:\n(.*?)^\s*$", text, re.M | re.S)
+    assert "gres" not in corpus[1]
+
+
+# --------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("name", PROFILES)
+def test_profile_validates_against_the_schema(name):
+    import jsonschema
+
+    schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(profile(name))
+    assert profile(name)["profile"] == name
+
+
+@pytest.mark.parametrize(
+    "edit, named",
+    [
+        (lambda c: c["pretrain"].update(recipes=["bf16", "fp8"]), "fp8"),
+        (lambda c: c["pretrain"].update(stpes=10), "stpes"),
+        (lambda c: c["eval"].update(limit=0), "limit"),
+        (lambda c: c.pop("figures"), "figures"),
+    ],
+    ids=["unknown-recipe", "misspelt-key", "limit-zero", "missing-section"],
+)
+def test_bad_profile_is_refused_naming_the_problem(workflow, edit, named):
+    bad = profile("smoke")
+    edit(bad)
+    (workflow / "config" / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/bad.yaml")
+    assert out.returncode != 0
+    assert "Error validating config file" in out.output and named in out.output
+
+
+def test_stage_settings_cannot_be_overridden_with_config(workflow):
+    # The scripts read the profile file; a --config override would be seen by snakemake only.
+    out = snakemake(workflow, "-n", "all", "--config", 'eval={"tasks": ["piqa"], "limit": 3}')
+    assert out.returncode != 0
+    assert "--config sets ['eval.limit', 'eval.tasks']" in out.output
+
+
+def test_partial_profile_is_refused_naming_the_keys_it_lacks(workflow):
+    partial = profile("gpu")
+    del partial["eval"]["batch_size"]
+    (workflow / "config" / "partial.yaml").write_text(yaml.safe_dump(partial))
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/partial.yaml")
+    assert out.returncode != 0
+    assert "does not set ['eval.batch_size']" in out.output
+
+
+# --------------------------------------------------------------------------- committed results
+
+
+def results_of(workflow: Path, name: str) -> list[str]:
+    """The results files rule `all` asks for (from a dry run's summary of missing outputs)."""
+    out = snakemake(workflow, "--summary", "all", "--configfile", f"config/{name}.yaml")
+    assert out.returncode == 0, out.output[-3000:]
+    return sorted({line.split("\t")[0] for line in out.stdout.splitlines() if line.startswith("results/")})
+
+
+@needs_all_scripts
+def test_committed_gpu_results_redraw_figures_only(workflow):
+    # A fresh clone of committed GPU results: results present, no data/, no checkpoints, no
+    # snakemake metadata, and scripts and profiles stamped *after* the results (git's order).
+    for path in results_of(workflow, "gpu"):
+        (workflow / path).parent.mkdir(parents=True, exist_ok=True)
+        (workflow / path).write_text(json.dumps({"provenance": {}, "records": []}))
+    later = time.time() + 60
+    for path in [*workflow.joinpath("experiments").glob("*.py"), *workflow.joinpath("config").glob("*.yaml")]:
+        os.utime(path, (later, later))
+
+    committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--config", "results_from=committed")
+    assert committed.returncode == 0, committed.output[-3000:]
+    # The figures and the eval table (both cheap, from the results alone) are redrawn; no stage runs.
+    assert job_counts(committed.output) == {"figure": 6, "eval_table": 1, "figures": 1}
+
+    # Without the switch the newer scripts would send every GPU stage to this machine.
+    rerun = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml")
+    assert job_counts(rerun.output)["pretrain"] > 0
+
+
+@needs_all_scripts
+def test_committed_mode_names_a_missing_results_file(workflow):
+    out = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--config", "results_from=committed")
+    assert out.returncode != 0
+    assert "results_from: committed, but" in out.output and "results/pretrain/gpu/" in out.output
