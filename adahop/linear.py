@@ -78,9 +78,15 @@ def _emit_fp8(device: torch.device) -> bool:
 
 
 def _signs(spec: QuantSpec, n: int, device: torch.device) -> torch.Tensor | None:
-    if spec.hadamard and spec.signs_seed is not None:
-        return random_signs(n, spec.signs_seed, device=device)
-    return None
+    """The spec's ±1 vector on ``device`` (drawn on the CPU, so the same on every device)."""
+    if not (spec.hadamard and spec.signs_seed is not None):
+        return None
+    signs = random_signs(n, spec.signs_seed)
+    if device.type == "cuda":
+        # From pinned memory the copy is asynchronous; from pageable memory it would wait for the
+        # GPU's queue to drain, every call.
+        return signs.pin_memory().to(device, non_blocking=True)
+    return signs.to(device)
 
 
 def _quantize_dual(
@@ -633,7 +639,8 @@ def convert(model: nn.Module, recipe: str | Recipe, skip: Iterable[str] = ("lm_h
     swapped: dict[int, QuantLinear] = {}
     kept: list[str] = []
     for parent_name, parent in list(model.named_modules()):
-        for child_name, child in list(parent.named_children()):
+        # _modules, not named_children(): the latter yields a module registered twice only once.
+        for child_name, child in list(parent._modules.items()):
             name = f"{parent_name}.{child_name}" if parent_name else child_name
             if type(child) is not nn.Linear or _skipped(name, skip):
                 continue

@@ -5,7 +5,7 @@ Per-recipe error floors are in tests/test_recipes.py; calibration in tests/test_
 
 import io
 import itertools
-import warnings
+import json
 
 import pytest
 import torch
@@ -226,6 +226,15 @@ def test_features_not_multiple_of_32():
     assert [type(m) for m in model] == [nn.Linear, nn.Linear, QuantLinear]
 
 
+def test_convert_skips_by_name_and_keeps_shared_layers_shared():
+    shared = nn.Linear(64, 64)
+    model = nn.Sequential(nn.Linear(64, 64), shared, shared, nn.Sequential(nn.Linear(64, 64)))
+    adahop.convert(model, "mxfp4", skip=("0", "3.0"))
+    assert type(model[0]) is nn.Linear and type(model[3][0]) is nn.Linear
+    assert isinstance(model[1], QuantLinear) and model[1] is model[2]
+    assert model[1].weight is shared.weight  # parameters are shared, not copied
+
+
 def test_bf16_everywhere_is_not_a_quant_layer():
     with pytest.raises(ValueError, match="nn.Linear"):
         QuantLinear(64, 64, recipe="bf16")
@@ -263,6 +272,7 @@ def test_strategies_survive_a_checkpoint():
     restored = fresh()
     restored.load_state_dict(round_trip(model.state_dict()))
     assert adahop.export_strategies(restored) == adahop.export_strategies(model)
+    assert json.loads(json.dumps(adahop.export_strategies(model))) == adahop.export_strategies(model)
     assert restored[0].strategies == model[0].strategies and restored[0].step == 2
     # Training on does not recalibrate.
     calibrated_model(3, model=restored)
