@@ -58,7 +58,7 @@ _HTML_DROP_CLASSES = ("highlight", "sphinxsidebar", "related", "headerlink", "na
                       "navfooter", "toc", "footer", "sig", "breadcrumbs", "toctree-wrapper",
                       "listingblock", "literallayout", "programlisting", "screen", "synopsis",
                       "cmdsynopsis", "funcsynopsis", "literal-block", "doctest", "linenodiv",
-                      "menu", "searchmenu", "fancy_toc", "sidebar", "topbar")
+                      "menu", "searchmenu", "fancy_toc", "topbar")
 # Containers of the main text, most specific first; the first that exists is used.
 _HTML_MAIN = ('//div[@role="main"]', '//div[@id="yui-main"]', '//div[@id="column1"]',
               '//div[@id="docs-body"]', '//div[contains(@class, "mainContent")]', '//main',

@@ -14,7 +14,8 @@ Settings come from the ``corpus`` section of ``--config`` (keys: ``name``, ``sou
 of names from ``adahop.corpus.SOURCES`` or ``"all"`` —, ``vocab_size``, ``val_fraction``,
 ``near_dup_threshold``, ``max_bytes_per_source``, ``quality`` — overrides of
 ``adahop.corpus.QualityConfig`` —, ``cache_dir``); a command-line flag overrides the file.
-Writes ``<out>/`` (see ``adahop.data``) and the results record ``results/corpus/<name>.json``.
+Writes ``<out>/`` (see ``adahop.data``) and the results record
+``results/corpus/<profile>/<name>.json`` (``results/corpus/<name>.json`` without a profile).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from adahop import data  # noqa: E402  (numpy + tokenizers only: safe on the GPU machine)
 
-DEFAULTS = {"name": None, "sources": "all", "vocab_size": 32768, "val_fraction": 0.02,
+DEFAULTS = {"profile": None, "name": None, "sources": "all", "vocab_size": 32768, "val_fraction": 0.02,
             "near_dup_threshold": 0.8, "max_bytes_per_source": None, "quality": {},
             "cache_dir": "data/cache"}
 
@@ -61,13 +62,15 @@ def resolve_settings(args: argparse.Namespace) -> dict:
     if args.config:
         import yaml
 
-        section = (yaml.safe_load(Path(args.config).read_text()) or {}).get("corpus")
+        profile = yaml.safe_load(Path(args.config).read_text()) or {}
+        section = profile.get("corpus")
         if not isinstance(section, dict):
             raise ValueError(f"{args.config} has no `corpus` section")
-        unknown = set(section) - set(DEFAULTS)
+        unknown = set(section) - (set(DEFAULTS) - {"profile"})
         if unknown:
             raise ValueError(f"{args.config}: unknown corpus keys {sorted(unknown)}; known: {sorted(DEFAULTS)}")
         settings.update(section)
+        settings["profile"] = profile.get("profile")
     for key in ("name", "sources", "vocab_size", "val_fraction", "near_dup_threshold",
                 "max_bytes_per_source", "cache_dir"):
         value = getattr(args, key)
@@ -124,7 +127,8 @@ def main(argv=None) -> int:
                                       "archive_sha256", "bytes_after_markup", "bytes_kept",
                                       "train_documents", "val_documents")},
              "documents": r["documents"]} for r in manifest["sources"]]
-    results = args.results or f"results/corpus/{settings['name']}.json"
+    results = args.results or "/".join(
+        ["results/corpus", *([settings["profile"]] if settings["profile"] else []), f"{settings['name']}.json"])
     write_results(results, [summary, *rows], config={**settings, "sources": list(sources)})
     print(json.dumps(summary, indent=1))
     return 0

@@ -525,3 +525,29 @@ def test_gzip_members_are_read_transparently(tmp_path):
     page = tmp_path / "open.2.gz"
     page.write_bytes(gzip.compress(ROFF.encode()))
     assert corpus._convert_file(("man", str(page))) == markup.roff_to_text(ROFF)
+
+
+# --------------------------------------------------------------------------- CLI settings
+
+def _build_corpus_script():
+    import importlib.util
+
+    path = Path(data.__file__).resolve().parent.parent / "experiments" / "build_corpus.py"
+    spec = importlib.util.spec_from_file_location("build_corpus_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cli_settings_from_profile_and_flags(tmp_path):
+    script = _build_corpus_script()
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text("profile: smoke\ncorpus:\n  name: tiny\n  sources: [shakespeare]\n  vocab_size: 512\n")
+    settings = script.resolve_settings(script.parse_args(["--config", str(cfg), "--out", "data/x",
+                                                          "--val-fraction", "0.1"]))
+    assert (settings["profile"], settings["name"], settings["sources"]) == ("smoke", "tiny", ["shakespeare"])
+    assert (settings["vocab_size"], settings["val_fraction"]) == (512, 0.1)
+    assert script.resolve_settings(script.parse_args(["--out", "data/full"]))["sources"] == ["all"]
+    cfg.write_text("corpus:\n  name: tiny\n  vocab: 512\n")
+    with pytest.raises(ValueError, match="unknown corpus keys"):
+        script.resolve_settings(script.parse_args(["--config", str(cfg), "--out", "data/x"]))
