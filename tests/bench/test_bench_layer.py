@@ -13,6 +13,7 @@ Target on the H200 (issue 3): the ``iht`` variant >= 1.5x ``nn.Linear-bf16`` at 
 16k tokens. No timing asserts: ``experiments/layer_bench.py`` collects the JSON.
 """
 
+import functools
 import os
 
 import pytest
@@ -47,7 +48,9 @@ def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
     return lambda: torch.autograd.grad(layer(x), (x, layer.weight), gy)
 
 
+@functools.lru_cache(maxsize=None)
 def torchao_rowwise(fin: int, fout: int, device: torch.device) -> nn.Module | None:
+    """torchao's float8 rowwise training layer, compiled once per shape (not once per variant)."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
