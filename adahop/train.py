@@ -163,17 +163,28 @@ class DistInfo:
         return self.rank == 0
 
 
-def init_distributed() -> DistInfo:
-    """Join the ``torchrun`` process group (NCCL on CUDA, gloo on CPU) when ``WORLD_SIZE > 1``."""
+def rank_device(kind: str | None, info: DistInfo) -> torch.device:
+    """This rank's device: ``kind`` ``"cpu"`` or ``"cuda"`` (default: CUDA when there is one);
+    on CUDA, rank ``LOCAL_RANK`` takes GPU ``LOCAL_RANK``."""
+    kind = kind or ("cuda" if torch.cuda.is_available() else "cpu")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device must be 'cpu' or 'cuda', got {kind!r}")
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch sees no CUDA device")
+    return torch.device("cuda", info.local_rank) if kind == "cuda" else torch.device("cpu")
+
+
+def init_distributed(kind: str | None = None) -> tuple[DistInfo, torch.device]:
+    """This process's rank and device; joins the ``torchrun`` process group when
+    ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1:
-        return DistInfo()
-    info = DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
-    if not dist.is_initialized():
-        if torch.cuda.is_available():
-            torch.cuda.set_device(info.local_rank)
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return info
+    info = DistInfo() if world == 1 else DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
+    device = rank_device(kind, info)
+    if world > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return info, device
 
 
 def peak_bf16_flops(device: torch.device) -> float | None:
@@ -265,9 +276,7 @@ class Trainer:
     ):
         self.cfg = cfg
         self.dist = dist_info or DistInfo()
-        self.device = torch.device(device) if device is not None else (
-            torch.device("cuda", self.dist.local_rank) if torch.cuda.is_available() else torch.device("cpu")
-        )
+        self.device = torch.device(device) if device is not None else rank_device(None, self.dist)
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.train_batches, self.eval_batches = train_batches, eval_batches
         self.progress = progress and self.dist.is_main

@@ -79,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is a GPU")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--throughput-only", action="store_true", help="random tokens, timed steps, no files")
     p.add_argument("--untimed-steps", type=int, default=40, help="throughput: steps run before timing")
@@ -103,11 +104,11 @@ def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
 
 
 def run_training(args: argparse.Namespace) -> None:
-    info = init_distributed()
+    info, device = init_distributed(args.device)
     cfg = resolve_config(args)
     vocab_size, train_batches, eval_batches = corpus_batches(args.data, cfg, info)
     trainer = Trainer(cfg, vocab_size, train_batches, eval_batches, out_dir=args.out, dist_info=info,
-                      progress=not args.no_progress)
+                      device=device, progress=not args.no_progress)
     history = trainer.run()
     if not info.is_main:
         return
@@ -133,7 +134,7 @@ def run_training(args: argparse.Namespace) -> None:
 
 
 def run_throughput(args: argparse.Namespace) -> None:
-    info = init_distributed()
+    info, device = init_distributed(args.device)
     recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
     vocab_size = read_vocab_size(args.data) if args.data else (args.vocab_size or REFERENCE_VOCAB)
     records, configs = [], {}
@@ -143,7 +144,7 @@ def run_throughput(args: argparse.Namespace) -> None:
         cfg = dataclasses.replace(base, steps=args.untimed_steps + timed, eval_interval=0, checkpoint_interval=0,
                                   log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
-        trainer = Trainer(cfg, vocab_size, batches, dist_info=info, progress=not args.no_progress)
+        trainer = Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress)
         history = trainer.run()[args.untimed_steps:]
         seconds = sum(trainer.tokens_per_step / r["tokens_per_s"] for r in history)
         tps = len(history) * trainer.tokens_per_step / seconds
@@ -176,7 +177,7 @@ def run_throughput(args: argparse.Namespace) -> None:
     if info.is_main:
         write_results(args.results, records, config={"throughput_only": True, "untimed_steps": args.untimed_steps,
                                                      "vocab_size": vocab_size, "runs": configs},
-                      seed=configs[recipes[0]]["seed"])
+                      seed=configs[recipes[0]]["seed"], device=device)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -64,7 +64,7 @@ def corpus(tmp_path_factory):
 def make_trainer(corpus, out_dir, **overrides) -> Trainer:
     cfg = TrainConfig(**{**SMALL, **overrides})
     vocab, train, held_out = corpus_batches(corpus, cfg, DistInfo())
-    return Trainer(cfg, vocab, train, held_out, out_dir=out_dir, progress=False)
+    return Trainer(cfg, vocab, train, held_out, out_dir=out_dir, device="cpu", progress=False)
 
 
 def losses(run_dir: Path) -> dict[int, float]:
@@ -179,7 +179,7 @@ def test_cli_writes_run_dir_hf_export_and_results(corpus, profile, tmp_path):
     out, results = tmp_path / "runs" / "tiny_bf16_s0", tmp_path / "results" / "tiny_bf16_s0.json"
     load_script().main(["--config", str(profile), "--model", "tiny", "--recipe", "bf16", "--seed", "0",
                         "--data", str(corpus), "--out", str(out), "--results", str(results),
-                        "--steps", "6", "--no-progress"])
+                        "--steps", "6", "--device", "cpu", "--no-progress"])
     record = read_results(results)["records"][0]
     assert record["steps"] == 6 and record["tokens"] == 6 * 4 * 64 and record["final_val_loss"] is not None
     assert read_results(results)["provenance"]["config"]["seq_len"] == 64  # from the profile
@@ -195,10 +195,37 @@ def test_cli_throughput_only(profile, tmp_path):
     results = tmp_path / "throughput.json"
     load_script().main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--recipe", "bf16",
                         "--vocab-size", "512", "--untimed-steps", "2", "--steps", "3", "--results", str(results),
-                        "--no-progress"])
+                        "--device", "cpu", "--no-progress"])
     (record,) = read_results(results)["records"]
     assert record["recipe"] == "bf16" and record["timed_steps"] == 3 and record["tokens_per_s"] > 0
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
+
+
+class Halves:
+    """Splits each batch of a source into two micro-batches of half the sequences."""
+
+    def __init__(self, source):
+        self.source, self.pending = source, []
+
+    def __next__(self):
+        if not self.pending:
+            x, y = next(self.source)
+            half = x.shape[0] // 2
+            self.pending = [(x[:half], y[:half]), (x[half:], y[half:])]
+        return self.pending.pop(0)
+
+
+def test_grad_accumulation_matches_the_full_batch():
+    """2 micro-batches of 2 sequences against 1 batch of the same 4: the same steps up to float
+    summation order."""
+    cfg = TrainConfig(**{**SMALL, "steps": 3, "eval_interval": 0})
+    full = Trainer(cfg, 512, RandomTokenBatches(512, 64, 4, seed=3), device="cpu", progress=False).run()
+    accum_cfg = TrainConfig(**{**SMALL, "steps": 3, "eval_interval": 0, "batch_size": 2, "grad_accum": 2})
+    accum = Trainer(accum_cfg, 512, Halves(RandomTokenBatches(512, 64, 4, seed=3)), device="cpu",
+                    progress=False).run()
+    np.testing.assert_allclose([r["loss"] for r in accum], [r["loss"] for r in full], rtol=1e-5)
+    np.testing.assert_allclose([r["grad_norm"] for r in accum], [r["grad_norm"] for r in full], rtol=1e-4)
+    assert [r["tokens"] for r in accum] == [r["tokens"] for r in full]
 
 
 def test_random_token_batches_resume():
@@ -231,7 +258,7 @@ def test_ddp_gloo_two_ranks_matches_one_process(corpus, profile, tmp_path):
     """2 ranks × 2 sequences against 1 process × 4 sequences: the same global batch, so the same
     loss curve up to the order of the float reductions (DDP averages two half-batch gradients)."""
     common = ["--config", str(profile), "--model", "tiny", "--data", str(corpus), "--steps", "4",
-              "--checkpoint-interval", "0", "--no-progress"]
+              "--checkpoint-interval", "0", "--device", "cpu", "--no-progress"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                     str(SCRIPT), *common, "--batch-size", "2", "--out", str(tmp_path / "ddp"),
