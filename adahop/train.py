@@ -480,9 +480,11 @@ class Trainer:
             raise ValueError("the held-out split gave no eval batches (too few tokens for one sequence?)")
         return (total[0] / total[1]).item()
 
-    def run(self) -> list[dict[str, Any]]:
-        """Train to ``total_steps`` (from the resumed step); returns the logged records."""
+    def run(self, until: int | None = None) -> list[dict[str, Any]]:
+        """Train from the current (or resumed) step to ``until`` (default and at most
+        ``total_steps``); returns all records logged so far. Peak memory counts from this call on."""
         cfg = self.cfg
+        stop = self.total_steps if until is None else min(until, self.total_steps)
         bar = None
         if self.progress:
             from tqdm import tqdm
@@ -493,7 +495,7 @@ class Trainer:
         # Throughput clock: wall time between log lines minus the time spent evaluating and saving.
         t_last, steps_since, paused = time.perf_counter(), 0, 0.0
         try:
-            while self.step < self.total_steps:
+            while self.step < stop:
                 out = self.train_step()
                 steps_since += 1
                 final = self.step == self.total_steps

@@ -20,6 +20,8 @@ from adahop.model import (
     special_tokens,
 )
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny ops (tests/conftest.py)
+
 VOCAB = 320
 
 

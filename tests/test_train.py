@@ -28,19 +28,12 @@ from adahop.train import (
     summarize,
 )
 
+# The tiny model's ops are too small to gain from a second thread (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 SCRIPT = REPO_ROOT / "experiments" / "pretrain.py"
 SMALL = dict(model="tiny", seq_len=64, batch_size=4, lr=3e-3, warmup_steps=2, eval_interval=4, eval_batches=2,
              checkpoint_interval=4, steps=8)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny model's ops are too small to gain from a second thread, and on a shared 2-core
-    machine the hand-off between threads costs several times the work."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
