@@ -40,11 +40,12 @@ def exp2_int(e):
 
 @triton.jit
 def e2m1_value(code):
-    """fp32 value of each E2M1 code (int32 0..15): ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}."""
+    """fp32 value of each E2M1 code (int32 0..15): ±{0, 0.5, 1, 1.5, 2, 3, 4, 6}, built from bits."""
     idx = code & 7
-    # Codes 0..3 are the subnormals idx/2; codes 4..7 are (2 + mantissa) * 2^(exponent - 1).
-    mag = tl.where(idx < 4, idx.to(tl.float32) * 0.5, (2 + (idx & 1)).to(tl.float32) * tl.where(idx >= 6, 2.0, 1.0))
-    return tl.where((code & 8) != 0, -mag, mag)
+    # Codes 2..7 are normal, exponent (idx >> 1) - 1 and mantissa idx & 1: fp32 bits (idx + 252) << 22.
+    # Code 1 is 0.5 (0x3F000000), code 0 is 0.
+    bits = tl.where(idx >= 2, (idx + 252) << 22, idx * 0x3F000000)
+    return (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -4,8 +4,10 @@ Values are built exactly in fp32 (2-bit significands times exact powers of two, 
 included) and rounded once to the output type, as the fp64 reference does. A NaN-scale block
 (0xFF) dequantizes to NaN.
 
-Bandwidth: reads 0.53 B/value, writes 2 (bf16/fp16) or 4 (fp32); a handful of integer and
-select ops per value, so expect the copy rate (measured in ``tests/bench/test_bench_quantize.py``).
+Bandwidth: reads 0.53 B/value, writes 2 (bf16/fp16) or 4 (fp32). Values come from their bit
+patterns (no int->float conversions): 0.50 warp-instructions a value on the sm_90 SASS
+(``scripts/sass_count.py``) against a budget of ~0.73 at 85% of the copy rate, so expect it
+memory-bound (measured in ``tests/bench/test_bench_quantize.py``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from adahop.formats import BLOCK_SIZE, MXFP4Tensor
 from adahop_kernels._common import INTERPRETED, check_device, e2m1_value, exp2_int
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_NAN: tl.constexpr = float("nan")
+_NAN = tl.constexpr(float("nan"))
 
 
 @triton.jit

@@ -5,15 +5,21 @@ operand as it lies), along M (the transpose, e.g. Xᵀ along tokens for ``wgrad`
 the same tile load (:func:`hadamard_quantize_dual`). Each program loads a ``(BLOCK_M, BLOCK_K)``
 tile, views each orientation as MX blocks ``(blocks, 32)`` and for each:
 
-1. flips signs (optional ±1 vector along the quantized dimension);
-2. multiplies each Hadamard block by the ±1 Sylvester matrix on the tensor cores (``tl.dot``;
-   bf16/fp16 operands are exact, products of ±1 are exact and the fp32 accumulator is exact
-   whenever a block's values span ≤ ~11 binades), then by ``1/√HS = c_hi + c_lo`` with one fma,
-   so the fp32 result is the correctly rounded value of the fp64 reference in all but ~1e-7 of
-   cases (HS = 16, 64: a power of two, always exact);
+1. flips signs (optional ±1 vector along the quantized dimension; by the sign bit);
+2. multiplies each Hadamard block by the ±1 Sylvester matrix on the tensor cores (``tl.dot``
+   with fp32 accumulation; bf16/fp16 operands and ±1 products are exact, fp32 input goes in as
+   three exact bf16 pieces), so the sums are exact whenever a block's values span ≤ ~11 binades;
+   the 1/√HS factor is folded into the MX scale step and applied with one fma of its two fp32
+   halves: the scaled values are the fp64 reference's, correctly rounded, except within ~2^-47
+   of a rounding boundary;
 3. quantizes exactly as :func:`adahop.formats.quantize_mxfp4_ref` decides (scale from the fp32
    exponent bits of the block amax, RNE or stochastic rounding, SR's scale bump, NaN/Inf blocks
    → scale 0xFF and codes 0) and stores packed codes (low nibble first) and E8M0 scales.
+
+Why ``tl.dot`` and not a butterfly: the 32×32 product costs the tensor cores ~11% of their bf16
+rate at the copy bandwidth and no issue slots worth counting, whereas a five-stage butterfly
+needs five adds a value plus cross-lane exchanges (a block spans four lanes in Triton's layouts)
+on the CUDA cores, which are the bottleneck here (below).
 
 The FP8 row-scaled operand (DESIGN §3) needs R, the largest block exponent of a whole output
 row, before any element can be written; a tile sees only part of a row (and the dual kernel's
@@ -22,26 +28,33 @@ kernel (:func:`adahop_kernels.fp8_reencode.fp8_reencode`: a pass over the row's 
 then one over the codes) on the just-written codes and scales. It re-reads 0.53 B/value and
 writes 1 B/value, against 2.53 B/value for the quantize pass (bf16 in), so the FP8 emission costs
 ~15% more traffic than a fused one would. The alternatives cost more where it hurts: a per-row
-program with two passes over X repeats the transform and quantization (the kernel is already
-near its issue budget, below) and gives up the dual kernel's single read; the same re-encoding
-kernel is needed anyway for saved MXFP4 tensors (Xᵀ for ``wgrad``) in the backward.
+program with two passes over X repeats the transform and quantization (the kernel is near its
+issue budget, below) and gives up the dual kernel's single read; the same re-encoding kernel is
+needed anyway for saved MXFP4 tensors (Xᵀ for ``wgrad``) in the backward.
 
 Random bits for SR are a function of (seed, orientation, output row, output column) only: the
 tile shape (autotuned) never changes the result, and :func:`hadamard_quantize_dual` equals two
 single calls bit for bit. The along-M orientation draws from Philox key ``seed | 2**62``.
 
-Bandwidth (to be measured: ``tests/bench/test_bench_quantize.py``). Bytes per value with bf16
-input: read 2, write 0.5 + 1/32 per orientation; the dual kernel moves 3.06 B/value against
-5.06 for two single calls. At the H200's ~4.3 TB/s copy rate a single orientation has ≈20 issue
-slots per value (132 SMs × 128 lanes × ~1.9 GHz / 1.7e12 values/s); the RNE path needs about that
-(compare/select/round ≈ 15, amax and stores ≈ 3, the fma epilogue 2), the 32×32 product runs on
-the tensor cores at ~11% of their bf16 rate. Expectation: ~80–90% of copy bandwidth for RNE with
-or without the Hadamard, lower for SR (one Philox call per 4 values, ~25 integer ops per value:
-compute-bound, ~50–70%) and for fp32 input (the Hadamard product runs as exact fp32 FMAs).
+Throughput (to be measured on the H200: ``tests/bench/test_bench_quantize.py``). Bytes per value
+with bf16 input: read 2, write 0.5 + 1/32 per orientation; the dual kernel moves 3.06 B/value
+against 5.06 for two single calls. At 85% of the 4.28 TB/s copy rate an H200 has ~0.73
+warp-instructions per value to issue (132 SMs × 4 a cycle × ~1.9 GHz / 1.44e12 values/s), so the
+CUDA-core work is the constraint, not the tensor cores. Counted on the sm_90 SASS
+(``scripts/sass_count.py``), per value: along K, RNE, H32 0.69 (no Hadamard 0.60, with signs
+0.76, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.34 for two
+orientations (budget ~0.88 at its 3.06 B/value); SR 1.56 (one 10-round Philox call per four
+values). Expectation: RNE single-orientation kernels near or just under the 85% target, the
+dual kernel ~55–60% of copy (still less time than two single calls, which need 1.4 together),
+SR ~40%: SR is compute-bound by its random bits. The packing tricks that got RNE there: codes
+from the fp32 bit patterns (one add rounds to the grid), integer block max (also finds NaN/Inf),
+eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, and H's columns permuted
+so each MMA lane holds consecutive outputs (no data moves before the packing).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -49,15 +62,13 @@ import triton
 import triton.language as tl
 
 from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, MXFP4Tensor
+from adahop.hadamard import hadamard_matrix
 from adahop_kernels._common import INTERPRETED, check_device, exp2_int, flip_sign, to_fp32
 
 HADAMARD_SIZES = (16, 32, 64, 128)  # tl.dot needs ≥ 16; 128 keeps H within one tile
 SEED_LIMIT = 1 << 62
 TRANSPOSED_STREAM = 1 << 62  # OR-ed into the seed for the along-M orientation
 
-_FP32_MAX: tl.constexpr = 3.4028234663852886e38
-# t + 1.5·2^23 − 1.5·2^23 rounds fp32 t (|t| < 2^22) to an integer, ties to even, in one addition.
-_ROUND_MAGIC: tl.constexpr = 12582912.0
 
 
 @triton.jit
@@ -73,7 +84,7 @@ def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
 @triton.jit
 def _quantize_store(
     t, row0, col0, n_rows, n_cols,
-    codes_ptr, scales_ptr, signs_ptr, seed, c_hi, c_lo,
+    codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
     BR: tl.constexpr, BC: tl.constexpr,
     HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
@@ -83,56 +94,81 @@ def _quantize_store(
     if HAS_SIGNS:
         t = flip_sign(t, (tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0) < 0)[None, :])
     if HADAMARD:
-        # Sylvester H: entry (i, j) is (-1)^popcount(i & j); fold the parity of up to 8 bits.
+        # The ±1 Sylvester matrix with its columns permuted (see _hadamard_pm1): the (j, t) swap
+        # below restores the order without moving data between lanes.
         i = tl.arange(0, HS)
-        p = i[:, None] & i[None, :]
-        p = p ^ (p >> 4)
-        p = p ^ (p >> 2)
-        p = p ^ (p >> 1)
-        h = 1.0 - 2.0 * (p & 1).to(tl.float32)
+        h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
         a = tl.reshape(t, (BR * BC // HS, HS))
-        if DOT_FP32:
-            acc = tl.dot(to_fp32(a), h, input_precision="ieee")
+        if a.dtype == tl.float32:
+            # Three exact 8-bit pieces (bf16 on the GPU): three bf16 products replace 32 fp32
+            # FMAs a value. In the interpreter the pieces stay fp32 (its bf16 tl.dot is wrong).
+            hi = (a.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+            rest = a - hi
+            mid = (rest.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+            lo = rest - mid
+            op_dtype = tl.float32 if DOT_FP32 else tl.bfloat16
+            h = h.to(op_dtype)
+            acc = tl.dot(hi.to(op_dtype), h)
+            acc = tl.dot(mid.to(op_dtype), h, acc)
+            acc = tl.dot(lo.to(op_dtype), h, acc)
+        elif DOT_FP32:
+            acc = tl.dot(to_fp32(a), h)
         else:
             acc = tl.dot(a, h.to(a.dtype))
-        v = tl.reshape(tl.fma(acc, c_hi, acc * c_lo), (NB, 32))
+        acc = tl.permute(tl.reshape(acc, (BR * BC // HS, HS // 8, 4, 2)), (0, 2, 1, 3))
+        s = tl.reshape(acc, (NB, 32))  # exact ±1 sums; the 1/√HS factor is applied below, once
     else:
-        v = tl.reshape(to_fp32(t), (NB, 32))
-
-    mag = tl.abs(v)
-    finite = mag <= _FP32_MAX
-    bad = tl.max(tl.where(finite, 0, 1), axis=1) > 0
-    amax = tl.max(tl.where(finite, mag, 0.0), axis=1)
+        s = tl.reshape(to_fp32(t), (NB, 32))
+    # Block max of |s| on the bit patterns: integer order is float order for |s|, and NaN and Inf
+    # sort above every finite value, so the same max finds the bad blocks.
+    m_bits = tl.max(s.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    bad = m_bits > 0x7F7FFFFF
+    amax = m_bits.to(tl.float32, bitcast=True)
+    if HADAMARD:
+        amax = tl.fma(amax, c_hi, amax * c_lo)  # = max |fl32(s · 1/√HS)|: rounding is monotone
     # floor(log2 amax) - 2 from the exponent field; zero/subnormal amax clamps to byte 0.
     scale = tl.minimum(tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) - 2, 0), 254)
     if SR:
         # Saturation would bias SR: a block whose scaled amax exceeds 6 takes the next scale.
         scale += (amax * exp2_int(127 - scale) > 6.0).to(tl.int32)
-    q = mag * exp2_int(127 - scale)[:, None]
-    # E2M1 grid spacing is 0.5 below 2, 1 in [2, 4), 2 above: code = q / spacing + offset.
-    inv = tl.where(q < 2.0, 2.0, tl.where(q < 4.0, 1.0, 0.5))
-    offset = tl.where(q < 2.0, 0.0, tl.where(q < 4.0, 2.0, 4.0))
-    steps = q * inv
+    inv_scale = exp2_int(127 - scale)
+    if HADAMARD:
+        # |s| / √HS / 2^e rounded once: (c_hi + c_lo) 2^-e is exact, the fma keeps ~48 bits.
+        q = tl.fma(tl.abs(s), (c_hi * inv_scale)[:, None], tl.abs(s) * (c_lo * inv_scale)[:, None])
+    else:
+        q = tl.abs(s) * inv_scale[:, None]
+    # E2M1 grid step is 2^(e-1) in binade [2^e, 2^(e+1)), 0.5 below 1; E = that binade's exponent bits.
+    e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if SR:
+        steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
         lo = tl.floor(steps)
         u = _uniform_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
                             n_cols, NB)
-        steps = lo + tl.where(u < steps - lo, 1.0, 0.0)
+        n = lo.to(tl.int32) + (u < steps - lo).to(tl.int32)
     else:
-        steps = (steps + _ROUND_MAGIC) - _ROUND_MAGIC
-    idx = tl.minimum(steps + offset, 7.0).to(tl.int32)  # 7 = 6.0: saturation
-    code = tl.where((v < 0) & (idx > 0), idx + 8, idx)
-    code = tl.where(bad[:, None], 0, code)
+        # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
+        # difference of the bit patterns is the number of steps.
+        magic = e_bits + 0x0B400000
+        n = (q + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
+    # Binades 2^0, 2^1, 2^2 start at codes 2·(e - 127) = 0, 2, 4; 7 is 6.0 (saturation). The sign
+    # bit goes on every code here; a "-0" (code 8) is cleared per word below.
+    code = tl.minimum(n + (e_bits >> 22) - 254, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
     scale = tl.where(bad, 255, scale)
 
-    lo_nib, hi_nib = tl.split(tl.reshape(code, (NB, 16, 2)))
-    packed = (lo_nib | (hi_nib << 4)).to(tl.uint8)
+    # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+    lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (NB, 4, 2)))
+    words = lo | (hi << 16)
+    # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
+    words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
+    words = tl.where(bad[:, None], 0, words)
     b = tl.arange(0, NB)
     rows = (row0 + b // (BC // 32)).to(tl.int64)
     cblk = col0 // 32 + b % (BC // 32)
     ok = (rows < n_rows) & (cblk < n_cols // 32)
-    tl.store(codes_ptr + (rows * (n_cols // 2) + cblk * 16)[:, None] + tl.arange(0, 16)[None, :], packed,
-             mask=ok[:, None])
+    tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 8) + cblk * 4)[:, None]
+             + tl.arange(0, 4)[None, :], words, mask=ok[:, None])
     tl.store(scales_ptr + rows * (n_cols // 32) + cblk, scale.to(tl.uint8), mask=ok)
 
 
@@ -141,7 +177,7 @@ def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
     codes_ptr, scales_ptr, signs_ptr, seed,
     codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t,
-    c_hi, c_lo,
+    h_ptr, c_hi, c_lo,
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr,
     DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -154,10 +190,10 @@ def _hadamard_quantize_kernel(
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
     x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
     if ALONG_K:
-        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, c_hi, c_lo,
+        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
                         BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
     if ALONG_M:
-        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, c_hi, c_lo,
+        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h_ptr, c_hi, c_lo,
                         BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
 
 
@@ -167,15 +203,32 @@ def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
                 or (kwargs["ALONG_M"] and config.kwargs["BLOCK_M"] % unit))
 
 
+# 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
+# along K for one orientation, square-ish for the transposing ones. Pruned to the Hadamard size.
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
-    for bm, bk, w in ((32, 256, 4), (64, 256, 8), (32, 512, 8), (64, 128, 4), (128, 64, 4), (128, 128, 8))
+    for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
+                     (128, 128, 8))
 ]
 _tuned_kernel = triton.autotune(
     _GPU_CONFIGS,
     key=["M", "K", "ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HS", "SR", "DOT_FP32"],
     prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: [c for c in configs if _quantized_dim_ok(c, kw)]},
 )(_hadamard_quantize_kernel)
+
+
+@functools.lru_cache(maxsize=16)
+def _hadamard_pm1(size: int, device: torch.device) -> torch.Tensor:
+    """The ±1 Sylvester matrix ``(size, size)`` (fp32) with its columns permuted for the MMA layout.
+
+    Lane t of a quad holds accumulator columns 8j + 2t + {0, 1}; column d of this matrix is
+    column ``(size/4)·t + 2j + i`` of H (d = 8j + 2t + i), so each lane ends up holding size/4
+    consecutive outputs, which the kernel packs without moving data between lanes.
+    """
+    d = torch.arange(size)
+    col = (size // 4) * ((d % 8) // 2) + 2 * (d // 8) + d % 2
+    h = torch.round(hadamard_matrix(size, torch.float64) * size**0.5)
+    return h[:, col].float().contiguous().to(device)
 
 
 def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
@@ -273,13 +326,14 @@ def _quantize(
             signs_ptr=signs if signs is not None else x, seed=seed,
             codes_t_ptr=out_m.codes if out_m else x, scales_t_ptr=out_m.scales if out_m else x,
             signs_t_ptr=signs_t if signs_t is not None else x, seed_t=seed | TRANSPOSED_STREAM,
+            h_ptr=_hadamard_pm1(hadamard_size, x.device) if hadamard_size in HADAMARD_SIZES else x,
             c_hi=c_hi, c_lo=float(torch.tensor(c - c_hi, dtype=torch.float64).float()),
             ALONG_K=along_k is not None, ALONG_M=along_m is not None,
             HADAMARD=bool(along_k and along_k.hadamard), HADAMARD_T=bool(along_m and along_m.hadamard),
             HAS_SIGNS=signs is not None, HAS_SIGNS_T=signs_t is not None,
             HS=hadamard_size if hadamard_size in HADAMARD_SIZES else 32, SR=rounding == "sr",
-            # bf16 operands give garbage in the interpreter's tl.dot; fp32 must not go through TF32.
-            DOT_FP32=INTERPRETED or x.dtype == torch.float32,
+            # bf16/fp16 operands give garbage in the interpreter's tl.dot.
+            DOT_FP32=INTERPRETED,
         )
         if INTERPRETED:
             unit = max(BLOCK_SIZE, args["HS"])
