@@ -16,9 +16,11 @@ dW = dYᵀ·X) each run one :class:`~adahop.policy.Strategy` through :func:`stra
 
 Saved for backward (counted by :class:`SavedTensorMeter`): X quantized along tokens (Xᵀ, the
 ``wgrad`` operand) and W quantized along ``out`` (Wᵀ, the ``dgrad`` operand), codes + scales only,
-4.25 bits per value; plus ``(k, ·)`` BF16 outlier slices for OE-right, the weight parameter itself
-(no copy) when ``dgrad`` is ``bf16`` or OE-left, and during ``measured`` calibration a BF16 sample
-of ``measure_tokens`` rows of X.
+4.25 bits per value; plus ``(k, ·)`` BF16 outlier slices for OE-right, W as the forward got it (the
+parameter, or autocast's bf16 cast) when ``dgrad`` is ``bf16`` or OE-left, and during ``measured``
+calibration a BF16 sample of ``measure_tokens`` rows of X. With ``recipe.weight_for_backward =
+"param"`` nothing of W is saved: the backward quantizes it again from the parameter (one more read
+of W; the same values, since the draw's seed is the forward's).
 
 Rounding: forward operands RNE; grad_output by ``recipe.grad_rounding`` (SR by default); the saved
 copies by ``recipe.saved_rounding``. Every SR draw and random-sign vector has its own seed derived
@@ -136,7 +138,7 @@ def _splitmix64(z: int) -> int:
 def derive_seed(*parts: int) -> int:
     """A 31-bit seed mixed from integers (splitmix64 chain): neighbours give unrelated seeds.
 
-    31 bits because the Triton kernels take the seed as an int32.
+    31 bits fit every seed range the backends take (torch generators, the Triton kernels).
     """
     h = 0
     for p in parts:
@@ -310,6 +312,7 @@ class CallPlan:
     emit_fp8: bool
     layer: "QuantLinear | None" = None  # set while calibrating: receives grad_output observations
     sample_idx: torch.Tensor | None = None  # tokens of X kept in BF16 for measured calibration
+    weight: nn.Parameter | None = None  # weight_for_backward="param": the backward re-reads W here
     call: tuple[int, ...] = field(default_factory=tuple)
     tokens: int = 0  # unpadded token count (what calibration labels)
 
@@ -334,7 +337,7 @@ class QuantLinearFunction(torch.autograd.Function):
         s, k = plan.strategies, plan.k
         fwd_a, fwd_b = plan.specs["fwd"]
         keep_x = plan.specs["wgrad"][1] if plan.need_backward else None
-        keep_w = plan.specs["dgrad"][1] if plan.need_backward else None
+        keep_w = plan.specs["dgrad"][1] if plan.need_backward and plan.weight is None else None
         xq, xq_t = _quantize_dual(x, fwd_a, keep_x, plan.emit_fp8)
         wq, wq_t = _quantize_dual(w, fwd_b, keep_w, plan.emit_fp8)
         y = strategy_mm(s["fwd"], Operand(x, q=xq), Operand(w, q=wq), k=k, out_dtype=x.dtype, emit_fp8=plan.emit_fp8)
@@ -345,8 +348,10 @@ class QuantLinearFunction(torch.autograd.Function):
         x_out = top_rows(x.t(), k) if s["wgrad"] is Strategy.IHT_OE_RIGHT else (None, None)
         w_out = top_rows(w.t(), k) if s["dgrad"] is Strategy.IHT_OE_RIGHT else (None, None)
         measuring = plan.layer is not None and plan.sample_idx is not None
-        # The parameter itself, not a copy: only what needs W in full precision keeps it.
-        w_full = w if (s["dgrad"] in (Strategy.BF16, Strategy.IHT_OE_LEFT) or measuring) else None
+        # W as given (the parameter, or autocast's cast of it), only where W is needed in full precision;
+        # with weight_for_backward="param" the backward takes it from the parameter instead.
+        needs_w = s["dgrad"] in (Strategy.BF16, Strategy.IHT_OE_LEFT) or measuring
+        w_full = w if needs_w and plan.weight is None else None
         x_sample = x[plan.sample_idx] if measuring else None
         ctx.save_for_backward(
             *_mx_fields(xq_t), *_mx_fields(wq_t), w_full, *x_out, *w_out, plan.sample_idx, x_sample
@@ -361,6 +366,8 @@ class QuantLinearFunction(torch.autograd.Function):
         s, k = plan.strategies, plan.k
         xc, xs, wc, ws, w_full, xo_idx, xo_rows, wo_idx, wo_rows, sample_idx, x_sample = ctx.saved_tensors
         g = gy.contiguous()
+        if plan.weight is not None:  # weight_for_backward="param": W again, in the forward's dtype
+            w_full = plan.weight.detach().to(ctx.w_dtype)
         dx = dw = db = None
         with torch.autocast(ctx.device_type, enabled=False):
             # dY along `out` (dgrad) and along tokens (wgrad), one read where both are quantized.
@@ -369,14 +376,15 @@ class QuantLinearFunction(torch.autograd.Function):
             gq, gq_t = _quantize_dual(g, spec_d, spec_w, plan.emit_fp8, plan.emit_fp8)
             if ctx.needs_input_grad[0]:
                 a = Operand(g, q=gq)
-                b = Operand(w_full, transpose=True, q=_mx(wc, ws), outliers=_pair(wo_idx, wo_rows))
-                dx = strategy_mm(s["dgrad"], a, b, k=k, out_dtype=g.dtype)
+                b = Operand(w_full, plan.specs["dgrad"][1], transpose=True, q=_mx(wc, ws),
+                            outliers=_pair(wo_idx, wo_rows))
+                dx = strategy_mm(s["dgrad"], a, b, k=k, out_dtype=g.dtype, emit_fp8=plan.emit_fp8)
             if ctx.needs_input_grad[1]:
                 xq_t = _mx(xc, xs)
                 x_src = ops.dequantize(xq_t, g.dtype) if s["wgrad"] is Strategy.BF16 else None
                 a = Operand(g, transpose=True, q=gq_t)
                 b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
-                dw = strategy_mm(s["wgrad"], a, b, k=k, out_dtype=ctx.w_dtype)
+                dw = strategy_mm(s["wgrad"], a, b, k=k, out_dtype=ctx.w_dtype, emit_fp8=plan.emit_fp8)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = g.sum(0, dtype=torch.float32).to(g.dtype)
             if plan.layer is not None:
@@ -462,6 +470,7 @@ class QuantLinear(nn.Linear):
             need_backward=need_backward,
             emit_fp8=_emit_fp8(device),
             call=call,
+            weight=self.weight if self.recipe.weight_for_backward == "param" else None,
         )
         if calibrating:
             plan.layer = self

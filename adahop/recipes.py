@@ -53,6 +53,9 @@ class Recipe:
     seed: run seed from which every SR draw and sign vector is derived (with layer, step, call).
     measure_tokens: tokens of X kept in BF16 during ``measured`` calibration to score ``wgrad``.
     measured_margin: the relative error reduction an OE strategy must bring to be measured-picked.
+    weight_for_backward: ``"mxfp4"`` (DESIGN §1: W quantized along ``out`` in the forward and saved,
+        4.25 bits per weight per layer in flight) or ``"param"`` (nothing of W saved; the backward
+        re-quantizes it from the parameter: less memory, one more read of W).
     """
 
     name: str
@@ -73,6 +76,7 @@ class Recipe:
     seed: int = 0
     measure_tokens: int = 512
     measured_margin: float = 0.1
+    weight_for_backward: str = "mxfp4"
 
     def __post_init__(self) -> None:
         fixed = [getattr(self, s) for s in SLOTS]
@@ -95,6 +99,9 @@ class Recipe:
                 raise ValueError(f"recipe {self.name!r}: {attr} must be one of {ROUNDINGS}, got {getattr(self, attr)!r}")
         if not set(self.random_signs) <= set(SLOTS):
             raise ValueError(f"recipe {self.name!r}: random_signs must name slots of {SLOTS}, got {sorted(self.random_signs)}")
+        if self.weight_for_backward not in ("mxfp4", "param"):
+            raise ValueError(f"recipe {self.name!r}: weight_for_backward must be 'mxfp4' or 'param', "
+                             f"got {self.weight_for_backward!r}")
         if not 0.0 <= self.measured_margin < 1.0:
             raise ValueError(f"recipe {self.name!r}: measured_margin must be in [0, 1), got {self.measured_margin}")
         if self.measure_tokens < 32 or self.measure_tokens % 32:

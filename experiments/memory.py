@@ -20,7 +20,8 @@ allocated before: parameters, inputs). Policy recipes are measured twice: ``phas
 ``calibration_steps`` steps on the same random data.
 
 Settings: SIZES[size] < the profile's ``memory`` section < flags; ``size`` defaults to the
-profile's top-level ``profile`` (smoke or gpu).
+profile's top-level ``profile`` (smoke or gpu). ``overrides`` (recipe fields, e.g.
+``{weight_for_backward: param}``) apply to every quantized recipe.
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ SIZES: dict[str, dict[str, Any]] = {
     "gpu": {"layer_shapes": [[16384, 4096, 4096], [16384, 4096, 1024], [16384, 4096, 14336], [16384, 14336, 4096]],
             "model": "125m", "batch_size": 8, "seq_len": 2048, "vocab_size": 32768},
 }
-COMMON = {"recipes": list(RECIPES), "calibration_steps": 1, "seed": 0, "device": None}
+# overrides: recipe fields for every quantized recipe, e.g. {weight_for_backward: param}.
+COMMON = {"recipes": list(RECIPES), "calibration_steps": 1, "seed": 0, "device": None, "overrides": {}}
 
 
 Step = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]  # forward: (output, its gradient)
@@ -86,7 +88,7 @@ def run_steps(module: nn.Module, forward: Step, steps: int) -> None:
 
 def convert(module: nn.Module, recipe: str, s: dict[str, Any]) -> nn.Module:
     extra = {"calibration_steps": s["calibration_steps"]} if RECIPES[recipe].policy else {}
-    return adahop.convert(module, recipe, seed=s["seed"], **extra)
+    return adahop.convert(module, recipe, seed=s["seed"], **{**s["overrides"], **extra})
 
 
 def strategies(module: nn.Module) -> dict[str, Any]:
@@ -191,10 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     for r in recs:
         where = r.get("shape") or r.get("model")
         peak = f", peak {r['peak_bytes'] / 2**20:.1f} MiB" if r["peak_bytes"] is not None else ""
-        ratio = r["bf16_over_saved_bytes"]
+        total, act = r["bf16_over_saved_bytes"], r["bf16_over_saved_activation_bytes"]
+        ratios = "" if total is None else f"; bf16/this {total:.2f}x saved, {act or float('nan'):.2f}x activations"
         print(f"{r['what']:>5} {str(where):>22} {r['recipe']:>15} {r['phase']:>11}: saved "
               f"{r['saved_bytes'] / 2**20:.2f} MiB ({r['saved_activation_bytes'] / 2**20:.2f} MiB activations)"
-              f"{'' if ratio is None else f', bf16/this {ratio:.2f}x'}{peak}")
+              f"{ratios}{peak}")
     print(f"memory: {len(recs)} records -> {args.out}")
     return 0
 
