@@ -70,7 +70,6 @@ SEED_LIMIT = 1 << 62
 TRANSPOSED_STREAM = 1 << 62  # OR-ed into the seed for the along-M orientation
 
 
-
 @triton.jit
 def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
     """``(NB, 32)`` uniforms in [0, 1) for the MX blocks at (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
@@ -141,10 +140,10 @@ def _quantize_store(
     e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if SR:
         steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
-        lo = tl.floor(steps)
+        down = tl.floor(steps)
         u = _uniform_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
                             n_cols, NB)
-        n = lo.to(tl.int32) + (u < steps - lo).to(tl.int32)
+        n = down.to(tl.int32) + (u < steps - down).to(tl.int32)  # up with probability frac(steps)
     else:
         # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
         # difference of the bit patterns is the number of steps.
