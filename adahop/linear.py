@@ -480,6 +480,10 @@ class QuantLinear(nn.Linear):
                 plan.sample_idx = torch.randperm(tokens, generator=gen)[:n].sort().values.to(device)
         return plan
 
+    # Dynamo would guard on the Python counters that seed every call (step, micro) and on the
+    # calibration state, recompiling each step until it gives up; the layer's work is already in
+    # fused kernels, so it runs eagerly while torch.compile handles the rest of the model.
+    @torch.compiler.disable
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"QuantLinear takes a torch.Tensor, got {type(x).__name__}")

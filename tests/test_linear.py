@@ -434,3 +434,22 @@ def test_adahop_never_worse_than_iht(pair_errors):
         assert e["adahop"] <= e["iht"] + 1e-12, (pair, e)
     assert pair_errors["col-col"]["adahop"] < 1e-6  # BF16
     assert abs(pair_errors["none-none"]["iht"] / pair_errors["none-none"]["mxfp4"] - 1) < 0.05
+
+
+def test_compiled_model_does_not_recompile_across_steps():
+    """torch.compile around converted layers: the layers run eagerly, the rest compiles once."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 32))
+    adahop.convert(model, "adahop", skip=(), calibration_steps=2)
+    compiled = torch.compile(model, backend="eager")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for _ in range(4):  # through calibration and into the fixed phase
+            compiled(torch.randn(32, 64)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            adahop.on_optimizer_step(model)
+    assert all(m.phase == "fixed" for m in model if hasattr(m, "phase"))
