@@ -43,13 +43,16 @@ def main(argv: list[str] | None = None) -> None:
     if ops.empty:
         raise ValueError(f"no operand records in {[str(p) for p in args.results]}")
     ops["code"] = ops["label"].map({lab: i for i, lab in enumerate(LABELS)})
+    ops["step"] = ops["step"].astype(int)
     runs = list(dict.fromkeys(zip(ops["source"], ops["model"], ops["recipe"])))
     colours = sns.color_palette("colorblind", 3)
     cmap = ListedColormap([colours[1], colours[0], (0.9, 0.9, 0.9)])
-    n_layers = max(ops.groupby(["source", "model", "recipe"])["layer"].nunique())
+    n_layers = ops.groupby(["source", "model", "recipe"], sort=False)["layer"].nunique()
+    heights = [0.9 + 0.2 * n_layers[run] for run in runs]
 
     common.style()
-    fig, axes = plt.subplots(len(runs), 3, figsize=(12, 0.9 + len(runs) * (0.9 + 0.2 * n_layers)), squeeze=False)
+    fig, axes = plt.subplots(len(runs), 3, figsize=(12, 0.9 + sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
     for row, (source, model, recipe) in zip(axes, runs):
         part = ops[(ops["source"] == source) & (ops["model"] == model) & (ops["recipe"] == recipe)]
         names = part.drop_duplicates("layer").set_index("layer")
@@ -57,8 +60,8 @@ def main(argv: list[str] | None = None) -> None:
             grid = label_grid(part[part["operand"] == operand])
             sns.heatmap(grid, ax=ax, cmap=cmap, vmin=-0.5, vmax=2.5, cbar=False, linewidths=0.5, linecolor="white",
                         mask=grid.isna(), yticklabels=[short(n, names.at[n, "block"], names.at[n, "layer_kind"]) for n in grid.index])
-            what = "training run" if source == "train" else "pretrained"
-            ax.set_title(f"{model} / {recipe} ({what}): {title}", fontsize="small")
+            run = f"{model} / {recipe} (training run)" if source == "train" else f"{model} (pretrained weights)"
+            ax.set_title(f"{run}: {title}", fontsize="small")
             ax.set_xlabel("optimizer step captured" if source == "train" else "batch captured")
             ax.set_ylabel("layer (block.name)" if ax is row[0] else "")
             ax.tick_params(axis="y", labelsize=6 if len(grid) > 20 else 8)

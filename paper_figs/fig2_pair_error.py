@@ -55,9 +55,10 @@ def main(argv: list[str] | None = None) -> None:
         unavailable = sorted(set(part.loc[~part["available"].astype(bool), "strategy"]))
         ax.set_title(SLOTS[slot] + (f"\n({', '.join(unavailable)}: not runnable here, shown for reference)" if unavailable else ""),
                      fontsize="small")
-    legend = axes[0][0].get_legend()
-    if legend is not None:
-        legend.set_title("strategy (median, IQR)")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    axes[0][0].get_legend().remove()
+    fig.legend(handles, labels, title="strategy (dot: median over layers and capture points; bar: interquartile range)",
+               loc="outside lower center", ncols=len(strategies))
     fig.suptitle(f"GEMM output error per strategy and pattern pair — {sources}; {common.device_label(docs)}")
     common.save(fig, args, docs)
 

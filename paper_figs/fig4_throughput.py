@@ -41,7 +41,7 @@ def layer_frame(layers: pd.DataFrame) -> pd.DataFrame:
     """Long frame (layer, series, speed-up over nn.Linear bf16) of every variant and peer."""
     rows = []
     for r in layers.itertuples():
-        layer = f"{r.in_features}→{r.out_features}"
+        layer = f"{int(r.in_features)}→{int(r.out_features)}"
         base = r.peers["nn.Linear-bf16"]
         rows.append({"layer": layer, "series": r.variant, "value": r.figure / base})
         rows.extend({"layer": layer, "series": f"{name} (peer)", "value": v / base}
@@ -69,8 +69,10 @@ def main(argv: list[str] | None = None) -> None:
         for i, copy in enumerate(sorted(set(memory["ceiling"]))):
             ax.axvline(copy, color="black", linestyle="--", linewidth=1,
                        label="copy ceiling (same run)" if i == 0 else None)
-        ax.legend(title="shape (rows×cols)", fontsize="small", title_fontsize="small")
-    ax.set_xlabel("throughput (GB/s, bytes read + written)")
+        ax.legend(title="shape (rows×cols)", fontsize="small", title_fontsize="small", ncols=3,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.1))
+    ax.set_xscale("log")
+    ax.set_xlabel("throughput (GB/s, bytes read + written; log scale)")
     ax.set_ylabel("")
     ax.tick_params(axis="y", labelsize="small")
     ax.set_title("memory-bound kernels vs copy bandwidth")
@@ -81,13 +83,16 @@ def main(argv: list[str] | None = None) -> None:
     else:
         frame = gemm_frame(gemms)
         sns.barplot(data=frame, x="shape", y="value", hue="series", ax=ax)
-        ax.legend(fontsize="small", title="kernel / peer / ceiling", title_fontsize="small")
+        ax.legend(fontsize="small", title="kernel / peer / ceiling", title_fontsize="small", ncols=2,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.16))
         ax.tick_params(axis="x", labelsize="small", rotation=20)
+    ax.set_yscale("log")
     ax.set_xlabel("GEMM shape (M×N×K)")
-    ax.set_ylabel("throughput (TFLOP/s)")
+    ax.set_ylabel("throughput (TFLOP/s, log scale)")
     ax.set_title("MXFP4 GEMMs vs peers and ceiling")
 
     ax = axes[2]
+    ax.set_title("linear layer fwd+bwd")
     if layers.empty:
         ax.text(0.5, 0.5, "no layer records", ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])
@@ -95,11 +100,13 @@ def main(argv: list[str] | None = None) -> None:
         frame = layer_frame(layers)
         sns.barplot(data=frame, x="layer", y="value", hue="series", ax=ax)
         ax.axhline(1, color="black", linestyle="--", linewidth=1, label="nn.Linear bf16")
-        ax.legend(fontsize="small", title="layer variant", title_fontsize="small", ncols=2)
-        tokens = sorted(set(layers["tokens"]))
+        ax.legend(fontsize="small", title="layer variant", title_fontsize="small", ncols=3,
+                  loc="upper center", bbox_to_anchor=(0.5, -0.1))
+        tokens = sorted({int(t) for t in layers["tokens"]})
         ax.set_title(f"linear layer fwd+bwd, {', '.join(map(str, tokens))} tokens")
     ax.set_xlabel("layer (in→out features)")
-    ax.set_ylabel("speed-up over nn.Linear bf16 (×)")
+    ax.set_yscale("log")
+    ax.set_ylabel("speed-up over nn.Linear bf16 (×, log scale)")
     fig.suptitle(f"Throughput against same-run ceilings — {common.device_label(docs)}")
     common.save(fig, args, docs)
 

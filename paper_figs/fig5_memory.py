@@ -21,6 +21,12 @@ import common
 MIB = 2**20
 
 
+def below(ax, title: str) -> None:
+    """The panel's legend under its x label, where it cannot cover a bar."""
+    ax.legend(title=title or None, fontsize="small", title_fontsize="small", ncols=2, loc="upper center",
+              bbox_to_anchor=(0.5, -0.14))
+
+
 def label(r) -> str:
     return r.recipe if r.phase == "fixed" else f"{r.recipe} ({r.phase})"
 
@@ -37,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     if layers.empty and model.empty:
         raise ValueError(f"no layer or model records in {[str(p) for p in args.results]}")
     layers["where"] = [f"layer {t}×{i}→{o}" for t, i, o in layers["shape"]]
-    model["where"] = [f"model {m} ({t} tokens)" for m, t in zip(model["model"], model["tokens"])]
+    model["where"] = [f"model {m} ({int(t)} tokens)" for m, t in zip(model["model"], model["tokens"])]
 
     common.style()
     fig, axes = plt.subplots(1, 3, figsize=(17, 0.9 + 0.42 * len(order) * 1.6), sharey=True)
@@ -47,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     ax.set_xlabel("saved activations (MiB)")
     ax.set_ylabel("recipe")
     ax.set_title("one linear layer: saved for backward")
-    ax.legend(title="shape: tokens×in→out", fontsize="small", title_fontsize="small")
+    below(ax, "shape: tokens×in→out")
 
     ax = axes[1]
     both = pd.concat([layers, model])
@@ -56,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     ax.set_xlabel("compression of saved activations (bf16 bytes / recipe bytes, ×)")
     ax.set_ylabel("")
     ax.set_title("against BF16 (dashed: no compression)")
-    ax.legend(fontsize="small")
+    below(ax, "layer shape or model")
 
     ax = axes[2]
     melted = model.melt(id_vars=["label"], value_vars=["saved_activation_bytes", "peak_bytes"], var_name="kind", value_name="bytes")
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.text(0.5, 0.5, "no model records", ha="center", va="center", transform=ax.transAxes)
     else:
         sns.barplot(data=melted, y="label", x="mib", hue="kind", order=order, ax=ax)
-        ax.legend(fontsize="small")
+        below(ax, "")
     no_peak = model["peak_bytes"].isna().all()
     where = model["where"].iloc[0] if not model.empty else "model"
     ax.set_title(f"{where}" + (": peak not measured (CUDA only)" if no_peak else ""))

@@ -12,6 +12,8 @@ rule layer_bench:
         results_path("layer_bench", "layers"),
     params:
         layer_bench=config["layer_bench"],
+    # Every local core: nothing else runs beside a timed benchmark (Slurm: set-threads).
+    threads: workflow.cores
     log:
         log_path("layer_bench"),
     shell:

@@ -13,6 +13,8 @@ rule microbench:
         results_path("microbench", "kernels"),
     params:
         microbench=config["microbench"],
+    # Every local core: nothing else runs beside a timed benchmark (Slurm: set-threads).
+    threads: workflow.cores
     log:
         log_path("microbench"),
     shell:

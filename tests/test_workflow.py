@@ -178,7 +178,7 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
     for path in [*workflow.joinpath("experiments").glob("*.py"), *workflow.joinpath("config").glob("*.yaml")]:
         os.utime(path, (later, later))
 
-    committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--config", "results_from=committed")
+    committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert committed.returncode == 0, committed.output[-3000:]
     # The figures and the eval table (both cheap, from the results alone) are redrawn; no stage runs.
     assert job_counts(committed.output) == {"figure": 6, "eval_table": 1, "figures": 1}
@@ -190,6 +190,6 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
 
 @needs_all_scripts
 def test_committed_mode_names_a_missing_results_file(workflow):
-    out = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--config", "results_from=committed")
+    out = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0
     assert "results_from: committed, but" in out.output and "results/pretrain/gpu/" in out.output
