@@ -36,6 +36,11 @@ def pick_metrics(ours: pd.DataFrame, paper: pd.DataFrame) -> dict[str, str]:
     return chosen
 
 
+def shown_metric(frame: pd.DataFrame, metrics: dict[str, str]) -> pd.Series:
+    """Rows whose metric is the one shown for their task."""
+    return pd.Series([metrics.get(t) == m for t, m in zip(frame["task"], frame["metric"])], index=frame.index, dtype=bool)
+
+
 def label_runs(frame: pd.DataFrame) -> pd.Series:
     """The legend label of a record: its recipe, with the eval forward when runs differ in it."""
     if frame.groupby("recipe")["forward"].nunique().max() > 1:
@@ -52,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     paper = pd.DataFrame(load_paper_reference(), columns=["model", "recipe", "task", "metric", "value", "where"])
     paper = paper.dropna(subset=["value"])
     metrics = pick_metrics(ours[ours["task"] != CORPUS_TASK], paper)
-    acc = ours[[metrics.get(t) == m for t, m in zip(ours["task"], ours["metric"])]].copy()
+    acc = ours[shown_metric(ours, metrics)].copy()
     if acc.empty:
         raise ValueError(f"no accuracy records (acc / acc_norm) in {[str(p) for p in args.results]}")
     acc["run"] = label_runs(acc)
@@ -66,8 +71,10 @@ def main(argv: list[str] | None = None) -> None:
     limits = sorted({int(x) for x in acc["limit"].dropna()})
     model = ", ".join(dict.fromkeys(acc["model"]))
 
+    shown = paper[paper["task"].isin(tasks) & shown_metric(paper, metrics)]
+
     common.style()
-    fig, axes = plt.subplots(1, 3, figsize=(18, 5.2), gridspec_kw={"width_ratios": [3, 2, 1]})
+    fig, axes = plt.subplots(1, 3, figsize=(18, 5.8), gridspec_kw={"width_ratios": [3, 2 if len(shown) else 0.8, 1]})
     ax = axes[0]
     sns.barplot(data=acc.assign(task=acc["task"].map(tick)), x="task", y="value", hue="run", order=[tick[t] for t in tasks],
                 hue_order=runs, palette=colours, errorbar=("pi", 100), capsize=0.15, err_kws={"linewidth": 1}, ax=ax)
@@ -78,13 +85,13 @@ def main(argv: list[str] | None = None) -> None:
     sub = f"first {limits[0]} documents per task" if len(limits) == 1 else "full validation sets" if not limits else f"limits {limits}"
     ax.set_title(f"ours: {model}, {sub}")
     handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles, [f"{r} ({seeds[r]} seeds)" for r in runs], title="training recipe (whiskers: min–max)",
-              fontsize="small", title_fontsize="small", ncols=2, loc="upper right")
+    ax.legend(handles, [f"{r} ({seeds[r]} seeds)" for r in runs], title="training recipe (whiskers: min–max over seeds)",
+              fontsize="small", title_fontsize="small", ncols=min(len(runs), 4), loc="upper center",
+              bbox_to_anchor=(0.5, -0.16))
 
     ax = axes[1]
-    shown = paper[paper["task"].isin(tasks) & [metrics.get(t) == m for t, m in zip(paper["task"], paper["metric"])]]
     if shown.empty:
-        ax.text(0.5, 0.5, "no paper numbers for these tasks:\nadahop/paper_reference.yaml holds none yet",
+        ax.text(0.5, 0.5, "no paper numbers\nfor these tasks:\nadahop/\npaper_reference.yaml\nholds none yet",
                 ha="center", va="center", transform=ax.transAxes)
         ax.set_xticks([])
         ax.set_yticks([])
@@ -97,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_ylim(0, 1)
         ax.set_ylabel("accuracy (fraction correct)")
         ax.tick_params(axis="x", labelsize="small")
-        ax.legend(title="paper: model / recipe", fontsize="small", title_fontsize="small")
+        ax.legend(title="paper: model / recipe", fontsize="small", title_fontsize="small", loc="upper center",
+                  bbox_to_anchor=(0.5, -0.16))
     ax.set_xlabel("")
     ax.set_title("paper (arXiv:2604.02525)")
 

@@ -75,7 +75,9 @@ def profile(work) -> Path:
     """The smoke profile shrunk further: every stage section present, tiny settings."""
     cfg = yaml.safe_load((ROOT / "config" / "smoke.yaml").read_text())
     cfg["pretrain"].update(TINY_TRAIN)
-    cfg["eval"].update(tasks=["arc_easy", "corpus_ppl"], limit=2, batch_size=2, dtype="float32", document_tokens=64)
+    # max_length: the tiny model trains on 32 tokens; lm-eval refuses longer continuations.
+    cfg["eval"].update(tasks=["arc_easy", "corpus_ppl"], limit=2, batch_size=2, dtype="float32", document_tokens=64,
+                       max_length=256)
     cfg["patterns"].update(capture_steps=[1, 2], max_tokens=32, pretrained=[], recipes=["bf16", "mxfp4"])
     cfg["memory"] = {"size": "smoke", "layer_shapes": [[64, 64, 64], [64, 64, 128]], "batch_size": 1, "seq_len": 32,
                      "vocab_size": 256, "recipes": ["bf16", "mxfp4", "adahop"], "calibration_steps": 1}
