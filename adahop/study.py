@@ -23,15 +23,23 @@ Decisions (documented here, visible in every record):
   error only.
 * ``wgrad`` OE-left is computed as if X were kept in full precision (``available: false`` in its
   records): the layer cannot run it (X is saved in MXFP4 only), the study shows what it would buy.
-* *Lowest-error* comparisons that judge the table use the table's quantized options that the slot
-  can run (``iht``, ``iht+oe-left``, ``iht+oe-right``; ``wgrad`` without OE-left). A ``bf16`` pick
-  (col-col) is not judged: BF16 beats every FP4 strategy by construction.
+* Judging the table: its options are the quantized strategies the slot can run (``iht``,
+  ``iht+oe-left``, ``iht+oe-right``; ``wgrad`` without OE-left). An OE variant never has a larger
+  error than IHT (it recomputes k rows exactly) but costs a BF16 GEMM of k rows, so the plain
+  argmin (``lowest_table_option_strict``) would fault every IHT pick. ``lowest_table_option`` is
+  the cost-aware choice: the measured policy's rule (:meth:`Calibration.measured_strategies` with
+  the recipe's ``measured_margin``) applied to these options only, i.e. an OE side only where it
+  cuts IHT's error by more than the margin. ``table_agrees`` compares the table with it (and
+  ``table_agrees_strict`` with the argmin). ``oe_left_gain``/``oe_right_gain`` = 1 − err(OE)/err(IHT).
+  A ``bf16`` pick (col-col) is not judged: BF16 beats every FP4 strategy by construction.
 * OE rows ``k`` are the recipe's ``outlier_k`` (64 in the reference), clamped to the operand's
   rows. Where the OE operand's rows are tokens (A of ``fwd`` and ``dgrad``), the capture kept only
   a subsample of them, so ``k`` is scaled by ``kept / tokens seen`` (at least 1): the subsampled
-  GEMM then sends the same fraction of its output to BF16 as the layer's full GEMM would. Records
-  carry the rows used (``oe_rows_left``/``_right``) and the output fraction they cover, which on
-  small models is large (64 of 128 features is half the output).
+  GEMM then sends the same fraction of its output to BF16 as the layer's full GEMM would. On small
+  models 64 rows are a large share of a feature dimension (half of 128), so ``outlier_fraction``
+  instead sets ``k = ceil(fraction · rows)`` for either operand (64 of 2048 = 0.031 is the
+  reference recipe on a Llama-3.2-1B-wide layer). Records carry the rows used
+  (``oe_rows_left``/``_right``) and the share of the output they cover.
 
 Records (``kind``): ``operand`` (one per layer, point and operand: label and both scores) and
 ``gemm`` (one per layer, point, GEMM and strategy: error, pair, table and measured picks);
@@ -105,9 +113,23 @@ class GemmError:
         return -20.0 * math.log10(rel) if rel > 0 else math.inf
 
 
-def oe_rows(slot: str, outlier_k: int, token_scale: float = 1.0) -> tuple[int, int]:
-    """``k`` of OE-left and OE-right on ``slot``: ``outlier_k``, times ``token_scale`` (at least 1)
-    for an operand whose rows are tokens (``x`` or ``g`` untransposed: A of ``fwd`` and ``dgrad``)."""
+def oe_rows(
+    slot: str,
+    outlier_k: int,
+    token_scale: float = 1.0,
+    fraction: float | None = None,
+    shape: tuple[int, int] | None = None,
+) -> tuple[int, int]:
+    """``k`` of OE-left and OE-right on ``slot`` (see the module docstring).
+
+    Without ``fraction``: ``outlier_k``, times ``token_scale`` (at least 1) for an operand whose
+    rows are tokens (``x`` or ``g`` untransposed: A of ``fwd`` and ``dgrad``). With it:
+    ``ceil(fraction · rows)`` of A (``shape[0]`` = M) and of Bᵀ (``shape[1]`` = N).
+    """
+    if fraction is not None:
+        if not 0.0 < fraction <= 1.0 or shape is None:
+            raise ValueError(f"outlier_fraction must lie in (0, 1] and needs the GEMM's (M, N); got {fraction}, {shape}")
+        return max(1, math.ceil(fraction * shape[0])), max(1, math.ceil(fraction * shape[1]))
     a_role, a_t, b_role, b_t = GEMM_OPERANDS[slot]
 
     def rows(role: str, transposed: bool) -> int:
@@ -123,13 +145,14 @@ def gemm_errors(
     recipe: Recipe,
     call: tuple[int, ...],
     strategies: Sequence[Strategy] = STUDY_STRATEGIES,
-    token_scale: float = 1.0,
+    k: tuple[int, int] | None = None,
 ) -> dict[Strategy, GemmError]:
     """Error of each strategy's ``A · Bᵀ`` for ``slot`` against the fp64 product.
 
     operands: ``x (T, in)``, ``w (out, in)``, ``g (T, out)`` (float32/bfloat16; T, in and out
     multiples of 32). ``call`` seeds the stochastic rounding as in the layer
-    (``(seed, layer_id, step, micro)``). ``token_scale``: kept / seen tokens (see :func:`oe_rows`).
+    (``(seed, layer_id, step, micro)``). ``k``: OE rows ``(left, right)`` (default: the recipe's
+    ``outlier_k`` for both; see :func:`oe_rows`).
     Operands are quantized once per quantization spec and shared between IHT and its OE variants
     (the same specs, so the same draws).
     Equivalent to ``‖strategy_mm(s, A, Bᵀ) − A·Bᵀ‖²`` per strategy.
@@ -140,7 +163,7 @@ def gemm_errors(
     missing = [r for r in (a_role, b_role) if operands.get(r) is None]
     if missing:
         raise ValueError(f"{slot} needs operands {missing}")
-    k_left, k_right = oe_rows(slot, recipe.outlier_k, token_scale)
+    k_left, k_right = k if k is not None else (recipe.outlier_k, recipe.outlier_k)
     a_src, b_src = operands[a_role], operands[b_role]
     ref_a, ref_b = _oriented(a_src, a_t).double(), _oriented(b_src, b_t).double()
     if ref_a.shape[1] != ref_b.shape[1]:
@@ -155,18 +178,21 @@ def gemm_errors(
             a, b = shared.setdefault((spec_a, spec_b), (Operand(a_src, spec_a, a_t), Operand(b_src, spec_b, b_t)))
         else:
             a, b = Operand(a_src.bfloat16(), transpose=a_t), Operand(b_src.bfloat16(), transpose=b_t)
-        k = k_left if strategy is Strategy.IHT_OE_LEFT else k_right
-        y = strategy_mm(strategy, a, b, k=k, out_dtype=torch.float32)
+        rows = k_left if strategy is Strategy.IHT_OE_LEFT else k_right
+        y = strategy_mm(strategy, a, b, k=rows, out_dtype=torch.float32)
         out[strategy] = GemmError((y.double() - ref).square().sum().item(), ref2)
     return out
 
 
-def measured_picks(errors: Mapping[str, Mapping[Strategy, GemmError]]) -> dict[str, Strategy]:
-    """The ``measured`` policy's choice per slot, by :meth:`Calibration.measured_strategies`."""
+def measured_picks(
+    errors: Mapping[str, Mapping[Strategy, GemmError]], margin: float, only: Sequence[Strategy] | None = None
+) -> dict[str, Strategy]:
+    """The ``measured`` policy's choice per slot, by :meth:`Calibration.measured_strategies`
+    (among ``only`` when given: the rule restricted to those candidates)."""
     cal = Calibration()
     for slot, per in errors.items():
-        cal.add_errors(slot, {s: (e.err2, e.ref2) for s, e in per.items()})
-    return cal.measured_strategies()
+        cal.add_errors(slot, {s: (e.err2, e.ref2) for s, e in per.items() if only is None or s in only})
+    return cal.measured_strategies(margin, list(errors))
 
 
 def slot_options(slot: str) -> tuple[Strategy, ...]:
@@ -180,10 +206,12 @@ def layer_records(
     recipe: Recipe,
     call: tuple[int, ...],
     meta: Mapping[str, Any],
+    outlier_fraction: float | None = None,
 ) -> list[dict[str, Any]]:
     """``operand`` and ``gemm`` records of one captured layer (see the module docstring).
 
     meta: fields copied into every record (``source``, ``model``, ``recipe``, ``step``, ...).
+    outlier_fraction: OE rows as a share of the operand's rows instead of ``recipe.outlier_k``.
     """
     if not cap.complete:
         raise ValueError(f"{name}: grad_output was not captured (no backward reached the layer)")
@@ -201,19 +229,28 @@ def layer_records(
                         "label": labels[role], "row_score": row_score, "col_score": col_score})
     pairs = pattern_pairs(labels)
     token_scale = cap.x.shape[0] / cap.tokens
-    errors = {slot: gemm_errors(slot, operands, recipe, call, token_scale=token_scale) for slot in SLOTS}
-    measured = measured_picks(errors)
+    shapes, ks, errors = {}, {}, {}
     for slot in SLOTS:
         a_role, a_t, b_role, b_t = GEMM_OPERANDS[slot]
-        m, n = _oriented(operands[a_role], a_t).shape[0], _oriented(operands[b_role], b_t).shape[0]
-        k_left, k_right = oe_rows(slot, recipe.outlier_k, token_scale)
+        shapes[slot] = (_oriented(operands[a_role], a_t).shape[0], _oriented(operands[b_role], b_t).shape[0])
+        ks[slot] = oe_rows(slot, recipe.outlier_k, token_scale, outlier_fraction, shapes[slot])
+        errors[slot] = gemm_errors(slot, operands, recipe, call, k=ks[slot])
+    measured = measured_picks(errors, recipe.measured_margin)
+    cost_aware = {slot: measured_picks({slot: errors[slot]}, recipe.measured_margin, slot_options(slot))[slot]
+                  for slot in SLOTS}
+    for slot in SLOTS:
+        a_role, a_t, b_role, b_t = GEMM_OPERANDS[slot]
+        (m, n), (k_left, k_right) = shapes[slot], ks[slot]
         raw = recipe.table[pairs[slot]]
         picked = effective_strategy(slot, raw)
         rel = {s: e.rel_error for s, e in errors[slot].items()}
-        options = slot_options(slot)
-        lowest_option = min(options, key=rel.__getitem__)
+        lowest_strict = min(slot_options(slot), key=rel.__getitem__)
         runnable_fp4 = [s for s in STUDY_STRATEGIES if s.quantized and effective_strategy(slot, s) is s]
         lowest_fp4 = min(runnable_fp4, key=rel.__getitem__)
+
+        def gain(oe: Strategy) -> float | None:
+            return 1.0 - rel[oe] / rel[Strategy.IHT] if rel[Strategy.IHT] > 0 else None
+
         gemm = {
             **base, "kind": "gemm", "gemm": slot,
             "a_operand": _operand_name(a_role, a_t), "bt_operand": _operand_name(b_role, b_t),
@@ -222,8 +259,12 @@ def layer_records(
             "labels": dict(labels),
             "table_pick": raw.value, "table_pick_effective": picked.value,
             "measured_pick": measured[slot].value,
-            "lowest_table_option": lowest_option.value, "lowest_fp4": lowest_fp4.value,
-            "table_agrees": (picked is lowest_option) if picked.quantized else None,
+            "lowest_table_option": cost_aware[slot].value, "lowest_table_option_strict": lowest_strict.value,
+            "lowest_fp4": lowest_fp4.value,
+            "table_agrees": (picked is cost_aware[slot]) if picked.quantized else None,
+            "table_agrees_strict": (picked is lowest_strict) if picked.quantized else None,
+            "oe_left_gain": gain(Strategy.IHT_OE_LEFT), "oe_right_gain": gain(Strategy.IHT_OE_RIGHT),
+            "measured_margin": recipe.measured_margin, "outlier_fraction": outlier_fraction,
             "outlier_k": recipe.outlier_k, "oe_rows_left": min(k_left, m), "oe_rows_right": min(k_right, n),
             "oe_fraction_left": min(k_left, m) / m, "oe_fraction_right": min(k_right, n) / n,
         }
@@ -241,13 +282,14 @@ def point_records(
     layer_ids: Mapping[str, int],
     meta: Mapping[str, Any],
     seed: int = 0,
+    outlier_fraction: float | None = None,
 ) -> list[dict[str, Any]]:
     """Records of every complete layer of one capture point (``meta["step"]`` seeds the draws)."""
     out = []
     for name, cap in captures.items():
         if cap.complete:
             call = (seed, layer_ids[name], int(meta["step"]), 0)
-            out.extend(layer_records(name, cap, recipe, call, meta))
+            out.extend(layer_records(name, cap, recipe, call, meta, outlier_fraction))
     return out
 
 
@@ -347,7 +389,8 @@ def passage_pairs(
     cls, sep = tokenizer.cls_token_id, tokenizer.sep_token_id
     pairs: list[tuple[list[int], list[int]]] = []
     for text in texts:
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        # Long documents are cut into spans here, so the model's length limit does not apply.
+        ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
         for i in range(0, len(ids) - 2 * span + 1, 2 * span):
             pairs.append(([cls, *ids[i:i + span], sep], [cls, *ids[i + span:i + 2 * span], sep]))
             if len(pairs) == batch_size:
@@ -475,10 +518,13 @@ def _gemm_instances(records: Sequence[Mapping[str, Any]]) -> dict[tuple, dict[st
 
 
 def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[str, Any]:
-    """Agreement of the table with the lowest-error option, and how ``measured`` compares."""
+    """Agreement of the table with the cost-aware and the strict lowest-error option, the error
+    gap where it disagrees, how ``measured`` compares, mean errors (``mean_error_table`` counts a
+    ``bf16`` pick at its BF16 error) and the median OE gains over IHT."""
     first = [next(iter(i.values())) for i in instances]
     judged = [(i, r) for i, r in zip(instances, first) if r["table_agrees"] is not None]
     agree = [r["table_agrees"] for _, r in judged]
+    strict = [r["table_agrees_strict"] for _, r in judged]
     gaps = [i[r["table_pick_effective"]]["rel_error"] - i[r["lowest_table_option"]]["rel_error"]
             for i, r in judged if not r["table_agrees"]]
     ratios = [i[r["table_pick_effective"]]["rel_error"] / i[r["lowest_table_option"]]["rel_error"]
@@ -491,6 +537,7 @@ def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[st
         "n": len(instances), "judged": len(judged),
         "table_bf16_picks": len(instances) - len(judged),
         "agreement": statistics.fmean(agree) if agree else None,
+        "agreement_strict": statistics.fmean(strict) if strict else None,
         "median_gap": statistics.median(gaps) if gaps else None,
         "max_gap": max(gaps) if gaps else None,
         "median_gap_ratio": statistics.median(ratios) if ratios else None,
@@ -503,13 +550,22 @@ def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[st
         "mean_error_iht": mean_error(lambda r: "iht"),
         "mean_error_mxfp4": mean_error(lambda r: "mxfp4"),
         "iht_beats_mxfp4": statistics.fmean(i["iht"]["rel_error"] < i["mxfp4"]["rel_error"] for i in instances),
+        "median_oe_left_gain": _median(r["oe_left_gain"] for r in first),
+        "median_oe_right_gain": _median(r["oe_right_gain"] for r in first),
     }
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
 
 
 def agreement(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per source/model/recipe (all GEMMs, and per GEMM) and per pattern pair: is the table's pick
-    the lowest-error option the slot can run; its error gap where not (``gap``: difference of
-    relative errors; ``gap_ratio``: their ratio); how the ``measured`` pick differs; mean errors."""
+    the lowest-error option the slot can run (cost-aware: ``agreement``, see the module docstring;
+    plain argmin: ``agreement_strict``); its error gap to the cost-aware option where not
+    (``gap``: difference of relative errors; ``gap_ratio``: their ratio); how the ``measured``
+    pick differs; mean errors; median OE gains."""
     inst = _gemm_instances(records)
     groups: dict[tuple, list] = defaultdict(list)
     for key, per in inst.items():
@@ -543,10 +599,12 @@ def markdown_tables(summary: Sequence[Mapping[str, Any]], columns: Mapping[str, 
         "distribution_by_step": (*GROUP, "operand", "step", "n", "row", "col", "none"),
         "stability": (*GROUP, "level", "operand", "gemm", "layers", "points", "changed_transitions",
                       "layers_changed", "layers_changed_after_first"),
-        "agreement": (*GROUP, "gemm", "n", "judged", "agreement", "median_gap", "median_gap_ratio",
-                      "measured_differs", "mean_error_table", "mean_error_measured", "mean_error_iht",
-                      "mean_error_mxfp4", "iht_beats_mxfp4"),
-        "pair_agreement": (*GROUP, "gemm", "pair", "n", "table_pick", "agreement", "median_gap_ratio",
+        "agreement": (*GROUP, "gemm", "n", "judged", "agreement", "agreement_strict", "median_gap",
+                      "median_gap_ratio", "measured_differs", "mean_error_table", "mean_error_measured",
+                      "mean_error_iht", "mean_error_mxfp4", "iht_beats_mxfp4", "median_oe_left_gain",
+                      "median_oe_right_gain"),
+        "pair_agreement": (*GROUP, "gemm", "pair", "n", "table_pick", "agreement", "agreement_strict",
+                           "median_gap_ratio", "median_oe_left_gain", "median_oe_right_gain",
                            "lowest_table_options", "measured_picks"),
     }
     parts = []

@@ -2,8 +2,8 @@
 
     experiments/patterns.py --config config/<profile>.yaml --data data/<corpus> \\
         --out results/patterns/<profile>/patterns.json \\
-        [--models tiny,30m] [--recipes bf16,mxfp4] [--capture-steps 1,20,40,60] [--steps N] \\
-        [--max-tokens 512] [--pretrained all-minilm-l6-v2|none] [--seed S] [--outlier-k K] [--overwrite]
+        [--models tiny,30m] [--recipes bf16,mxfp4] [--capture-steps 1,10,20,30] [--steps N] \\
+        [--max-tokens 256] [--pretrained all-minilm-l6-v2|none] [--seed S] [--outlier-k K | --outlier-fraction F] [--overwrite]
 
 For each model × recipe: a short training run (:class:`adahop.train.Trainer`, the pretrain stage's
 loop and settings) whose forward + backward at each capture step is copied by hooks that leave the
@@ -42,14 +42,15 @@ DEFAULTS: dict[str, Any] = {
     "models": ["tiny"],  # adahop.model preset names, each trained once per recipe
     "recipes": ["bf16", "mxfp4"],  # the training recipes whose runs are captured
     "seed": 0,
-    "capture_steps": [1, 20, 40, 60],  # 1-based optimizer steps whose forward + backward is copied
-    "max_tokens": 512,  # token rows kept per layer and point (multiple of 32)
+    "capture_steps": [1, 10, 20, 30],  # 1-based optimizer steps whose forward + backward is copied
+    "max_tokens": 256,  # token rows kept per layer and point (multiple of 32)
     "train": {},  # TrainConfig fields over the pretrain section (steps: last capture step)
     "policy_recipe": "adahop",  # detector, table, outlier_k, rounding of the study
     "recipe_overrides": {},  # e.g. {outlier_k: 16, detector: {threshold: 3}}
+    "outlier_fraction": None,  # OE rows as a share of the operand's rows instead of outlier_k
     "pretrained": ["all-minilm-l6-v2"],  # package-shipped models (adahop.study.PRETRAINED)
     "pretrained_batches": 2,  # capture points of a pretrained model (one batch each)
-    "pretrained_batch_size": 8,  # passage pairs per batch
+    "pretrained_batch_size": 4,  # passage pairs per batch
     "pretrained_seq_len": 128,  # tokens per passage, [CLS] and [SEP] included
     "device": None,  # null: cuda when available, else cpu
 }
@@ -69,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--seed", type=int)
     p.add_argument("--outlier-k", type=int, help="OE rows (the policy recipe's outlier_k)")
+    p.add_argument("--outlier-fraction", type=float, help="OE rows as a share of the operand's rows")
     p.add_argument("--device")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
     return p.parse_args(argv)
@@ -86,7 +88,7 @@ def settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         value = getattr(args, key)
         if value is not None:
             s[key] = [] if value == "none" else [cast(v) for v in value.split(",") if v]
-    for key in ("max_tokens", "seed", "device"):
+    for key in ("max_tokens", "seed", "device", "outlier_fraction"):
         if getattr(args, key) is not None:
             s[key] = getattr(args, key)
     s["train"] = dict(s["train"])
@@ -123,11 +125,12 @@ def documents(data_dir: Path) -> Iterator[str]:
     return itertools.chain.from_iterable(iter_documents(f) for f in found)
 
 
-def analyse(records: list, policy, meta: dict[str, Any], seed: int):
+def analyse(records: list, policy, meta: dict[str, Any], seed: int, outlier_fraction: float | None):
     """``on_point`` callback: records of the point's complete layers, then free its tensors."""
     def on_point(point: int, cap) -> None:
         t0 = time.perf_counter()
-        new = study.point_records(cap.complete(point), policy, study.layer_ids(cap), {**meta, "step": point}, seed)
+        new = study.point_records(cap.complete(point), policy, study.layer_ids(cap), {**meta, "step": point}, seed,
+                                  outlier_fraction)
         cap.drop(point)
         records.extend(new)
         print(f"patterns: {meta['model']} {meta['recipe']} point {point}: {len(new)} records "
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer = Trainer(cfg, vocab, batches, device=device, progress=False)
         meta = {"source": "train", "model": model, "recipe": recipe, "seed": cfg.seed}
         t0 = time.perf_counter()
-        losses = study.capture_training(trainer, s["capture_steps"], analyse(records, policy, meta, cfg.seed),
+        losses = study.capture_training(trainer, s["capture_steps"], analyse(records, policy, meta, cfg.seed, s["outlier_fraction"]),
                                         max_tokens=s["max_tokens"], seed=cfg.seed)
         runs[f"{model}/{recipe}"] = {"train": dataclasses.asdict(cfg), "losses": losses}
         print(f"patterns: {model} {recipe}: {cfg.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f} "
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         batches = study.passage_pairs(documents(data_dir), tokenizer, s["pretrained_seq_len"], s["pretrained_batch_size"])
         meta = {"source": "pretrained", "model": name, "recipe": "pretrained", "seed": s["seed"]}
         losses = study.capture_pretrained(model, batches, s["pretrained_batches"],
-                                          analyse(records, policy, meta, s["seed"]),
+                                          analyse(records, policy, meta, s["seed"], s["outlier_fraction"]),
                                           max_tokens=s["max_tokens"], skip=study.PRETRAINED[name].skip,
                                           seed=s["seed"])
         runs[f"{name}/pretrained"] = {"losses": losses, "package": study.PRETRAINED[name].module}

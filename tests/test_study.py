@@ -166,8 +166,24 @@ def test_error_table_shape_order_and_planted_ranking(planted):
     assert err["dgrad", "iht+oe-left"] < 0.5 * err["dgrad", "iht"]
     dgrad = next(r for r in gemm if r["gemm"] == "dgrad")
     assert dgrad["lowest_table_option"] == "iht+oe-left" and dgrad["table_agrees"] is True
+    assert dgrad["oe_left_gain"] == pytest.approx(1 - err["dgrad", "iht+oe-left"] / err["dgrad", "iht"])
+    # An OE variant never loses to IHT (k rows recomputed exactly), so the strict argmin is one.
+    for slot in SLOTS:
+        assert min(err[slot, "iht+oe-left"], err[slot, "iht+oe-right"]) <= err[slot, "iht"]
     wgrad_left = next(r for r in gemm if r["gemm"] == "wgrad" and r["strategy"] == "iht+oe-left")
     assert wgrad_left["available"] is False
+
+
+def test_cost_aware_lowest_keeps_iht_when_oe_gains_little():
+    """No outliers, 8 OE rows of 256/128: OE trims a few per cent of IHT's error, below the 10%
+    margin, so the table's IHT pick for none-none agrees, while the strict argmin is an OE."""
+    x, w, g = (planted_outliers(*shape, seed=s) for s, shape in enumerate(((256, 128), (128, 128), (256, 128))))
+    recs = study.layer_records("l", Captured(x, w, g, 256), get_recipe("adahop", outlier_k=8), (0, 0, 1, 0), {"step": 1})
+    for r in (r for r in recs if r["kind"] == "gemm" and r["strategy"] == "iht"):
+        assert r["pair"] == "none-none" and r["table_pick_effective"] == "iht"
+        assert max(r["oe_left_gain"], r["oe_right_gain"]) < 0.1
+        assert r["lowest_table_option"] == "iht" and r["table_agrees"] is True
+        assert r["lowest_table_option_strict"] != "iht" and r["table_agrees_strict"] is False
 
 
 def test_errors_match_the_measured_policy_scoring(planted):
@@ -197,6 +213,9 @@ def test_oe_rows_scale_with_the_token_subsample():
     assert study.oe_rows("fwd", 64, 0.25) == (16, 64)  # A = X: token rows
     assert study.oe_rows("dgrad", 64, 0.001) == (1, 64)
     assert study.oe_rows("wgrad", 64, 0.25) == (64, 64)  # Gᵀ and Xᵀ: feature rows
+    assert study.oe_rows("fwd", 64, 0.25, fraction=0.03, shape=(256, 128)) == (8, 4)  # ceil(7.68), ceil(3.84)
+    with pytest.raises(ValueError, match="outlier_fraction"):
+        study.oe_rows("fwd", 64, fraction=1.5, shape=(256, 128))
 
 
 def test_gemm_errors_rejects_bad_operands():
