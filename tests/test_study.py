@@ -19,16 +19,9 @@ from adahop.provenance import REPO_ROOT, read_results
 from adahop.recipes import get_recipe
 from adahop.train import RandomTokenBatches, TrainConfig, Trainer
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: small tensors, one thread
+
 TINY = dict(model="tiny", seq_len=32, batch_size=2, steps=3, lr=3e-3, warmup_steps=1)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny tensors: a second thread costs more in hand-offs than it gains on a shared 2-core box."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def tiny_trainer(recipe: str) -> Trainer:
