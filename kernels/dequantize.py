@@ -20,7 +20,9 @@ from adahop.formats import BLOCK_SIZE, MXFP4Tensor
 from adahop_kernels._common import INTERPRETED, check_device, e2m1_value, exp2_int
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_NAN = tl.constexpr(float("nan"))
+# The fp32 NaN bit pattern: a NaN-valued global constexpr breaks triton 3.6's check that globals
+# are unchanged since compilation (NaN != NaN), so the kernel builds it from bits.
+_NAN_BITS = tl.constexpr(0x7FC00000)
 
 
 @triton.jit
@@ -36,7 +38,8 @@ def _dequantize_kernel(codes_ptr, scales_ptr, out_ptr, n_rows, K, BLOCK_R: tl.co
     # Low nibble first: element 2i is byte i & 15, element 2i + 1 is byte i >> 4.
     vals = e2m1_value(tl.reshape(tl.join(c & 15, c >> 4), (BLOCK_R, BLOCK_K // 32, 32)))
     out = vals * exp2_int(tl.minimum(s, 254) - 127)[:, :, None]  # 0xFF: NaN below, not 2^128
-    out = tl.where((s == 255)[:, :, None], _NAN, out)
+    nan = tl.full((1, 1, 1), _NAN_BITS, tl.int32).to(tl.float32, bitcast=True)
+    out = tl.where((s == 255)[:, :, None], nan, out)
     out = tl.reshape(out, (BLOCK_R, BLOCK_K))
     if out_ptr.dtype.element_ty == tl.bfloat16:
         # An MXFP4 value has two significant bits, so its bf16 is the top half of its fp32, subnormals
