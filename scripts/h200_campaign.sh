@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 campaign in pieces that fit one device call (10 minutes). Usage:
 #   bash scripts/h200_campaign.sh STAGE [STAGE ...]
-# Stages: tests, microbench, layers, memory, throughput125, throughput1b.
+# Stages: tests, microbench, layers, memory, throughput125, throughput125-eager, throughput1b.
 # Each stage writes one results file (or log) under $OUT; the lead copies them into results/<stage>/gpu/.
 # Set ADAHOP_GIT_COMMIT / ADAHOP_GIT_DIRTY: the device's copy of the tree has no .git.
 set -uo pipefail
@@ -21,17 +21,16 @@ for s in "$@"; do
       timeout 300 python3 experiments/microbench.py --config config/gpu.yaml --out "$OUT/kernels.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     layers)
       stage layers
-      timeout 300 python3 experiments/layer_bench.py --config config/gpu.yaml --out "$OUT/layers.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
+      timeout 280 python3 experiments/layer_bench.py --config config/gpu.yaml --out "$OUT/layers.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     memory)
       stage memory
       timeout 200 python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
-    throughput125)
-      stage throughput125
-      for c in compile no-compile; do
-        timeout 240 python3 experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \
-          --recipe bf16,mxfp4,adahop --seq-len 2048 --batch-size 32 --$c --steps 30 --device cuda --no-progress \
-          --results "$OUT/throughput_125m_$c.json" 2>&1 | tail -12 | tee -a "$LOG"
-      done ;;
+    throughput125|throughput125-eager)
+      stage "$s"
+      c=compile; [ "$s" = throughput125-eager ] && c=no-compile
+      timeout 280 python3 experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \
+        --recipe bf16,mxfp4,adahop --seq-len 2048 --batch-size 32 --$c --steps 30 --device cuda --no-progress \
+        --results "$OUT/throughput_125m_$c.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
     throughput1b)
       stage throughput1b
       timeout 300 python3 experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 1b \
