@@ -136,6 +136,28 @@ def test_fp8_reencode_kernel_matches_reference_bytes(rows, k, device):
     assert torch.equal(scale, ref_scale)
 
 
+@pytest.mark.parametrize("rows,k", [(129, 1024), (3, 96)], ids=lambda v: str(v))
+def test_fp8_reencode_byte_wise_path_matches_reference_bytes(rows, k, device):
+    # Rows whose nonzero blocks lie within 11 binades of R take the kernel's byte-wise encoding:
+    # every code byte, all-zero blocks with scale 0, NaN blocks, R at both ends of the range.
+    g = torch.Generator().manual_seed(rows + k)
+    codes = torch.randint(0, 256, (rows, k // 2), dtype=torch.uint8, generator=g)
+    top = torch.randint(11, 255, (rows, 1), generator=g)
+    top[0], top[1] = 11, 254
+    scales = (top - torch.randint(0, 12, (rows, k // 32), generator=g)).to(torch.uint8)
+    scales[:, 0] = top[:, 0].to(torch.uint8)
+    zero = torch.rand(rows, k // 32, generator=g) < 0.1
+    zero[:, 0] = False
+    scales[zero] = 0
+    codes.view(rows, k // 32, 16)[zero] = torch.randint(0, 2, (int(zero.sum()), 16), generator=g).to(torch.uint8) * 0x88
+    scales[2, 1 % (k // 32)] = 255
+    t = MXFP4Tensor(codes.to(device), scales.to(device))
+    fp8, scale = fp8_reencode(t)
+    ref_fp8, ref_scale = to_fp8_rowwise_ref(t)
+    assert torch.equal(fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
+    assert torch.equal(scale, ref_scale)
+
+
 def test_fp8_reencode_is_exact_within_14_binades(device):
     t = operand(129, 512, 10, device)  # block exponents of a row span at most 14 binades (checked)
     span = (t.scales.int().amax(1) - t.scales.int().amin(1)).max().item()
