@@ -49,15 +49,18 @@ def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
 
 
 @functools.lru_cache(maxsize=None)
-def torchao_rowwise(fin: int, fout: int, device: torch.device) -> nn.Module | None:
-    """torchao's float8 rowwise training layer, compiled once per shape (not once per variant)."""
+def torchao_rowwise(fin: int, fout: int, device: torch.device) -> tuple[nn.Module, nn.Parameter] | None:
+    """torchao's float8 rowwise training layer compiled once per shape (not once per variant), and its weight.
+
+    The weight comes from the uncompiled module: the compiled wrapper does not support indexing.
+    """
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         return None
     model = nn.Sequential(nn.Linear(fin, fout, bias=False)).to(device, torch.bfloat16)
     convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("rowwise"))
-    return torch.compile(model)
+    return torch.compile(model), model[0].weight
 
 
 @pytest.mark.parametrize("shape", [s for _, s in LAYERS], ids=[n for n, _ in LAYERS])
@@ -73,7 +76,8 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
     peers = {"nn.Linear-bf16": fwd_bwd(linear, x, gy)}
     ao = torchao_rowwise(fin, fout, device) if device.type == "cuda" else None
     if ao is not None:
-        peers["torchao-float8-rowwise"] = lambda: torch.autograd.grad(ao(x), (x, ao[0].weight), gy)
+        ao_layer, ao_weight = ao
+        peers["torchao-float8-rowwise"] = lambda: torch.autograd.grad(ao_layer(x), (x, ao_weight), gy)
     ceiling, _ = bench.ceilings.names_for_gemm()
     info = bench.run(
         benchmark, fwd_bwd(layer, x, gy), op=f"linear fwd+bwd [{variant}]", shape=(TOKENS, fin, fout),
