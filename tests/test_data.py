@@ -4,6 +4,7 @@ markup snippets are copied from the real packages, the corpus fixture is generat
 import gzip
 import hashlib
 import json
+import lzma
 import os
 import random
 import struct
@@ -490,21 +491,20 @@ def test_eval_batches_deterministic_disjoint_across_ranks(built):
 
 # --------------------------------------------------------------------------- carry bundle
 
-def test_bundle_rebuild_reproduces_shards_and_detects_mismatch(built, tmp_path):
-    tmp, _, meta = built
+def test_bundle_unpacks_byte_identical_and_detects_damage(built, tmp_path):
+    tmp, _, _ = built
     data.write_json(tmp / "manifest.json", {"name": "fixture"})
     sizes = data.write_bundle(tmp, tmp_path / "bundle")
     assert set(sizes) == set(data.BUNDLE_FILES)
-    rebuilt = data.rebuild_from_bundle(tmp_path / "bundle", tmp_path / "out")
-    assert rebuilt["sha256"] == meta["sha256"]
-    for name in ("train.bin", "val.bin", "tokenizer.json"):
-        assert (tmp / name).read_bytes() == (tmp_path / "out" / name).read_bytes()
-    bad = json.loads((tmp_path / "bundle" / "meta.json").read_text())
-    bad["sha256"]["val.bin"] = "0" * 64
-    data.write_json(tmp_path / "bundle" / "meta.json", bad)
-    with pytest.raises(RuntimeError, match="differ from the bundle"):
+    data.rebuild_from_bundle(tmp_path / "bundle", tmp_path / "out")
+    for name in ("train.bin", "val.bin", "tokenizer.json", "meta.json", "manifest.json"):
+        assert (tmp / name).read_bytes() == (tmp_path / "out" / name).read_bytes(), name
+    assert np.array_equal(data.load_tokens(tmp_path / "out", "val"), data.load_tokens(tmp, "val"))
+    with lzma.open(tmp_path / "bundle" / "val.bin.xz", "wb") as f:
+        f.write(b"\1\0" * 10)
+    with pytest.raises(RuntimeError, match=r"\['val.bin'\] .* differ from the bundle"):
         data.rebuild_from_bundle(tmp_path / "bundle", tmp_path / "out2")
-    (tmp_path / "bundle" / "val.jsonl.xz").unlink()
+    (tmp_path / "bundle" / "val.bin.xz").unlink()
     with pytest.raises(FileNotFoundError, match="lacks"):
         data.rebuild_from_bundle(tmp_path / "bundle", tmp_path / "out3")
 
@@ -551,3 +551,8 @@ def test_cli_settings_from_profile_and_flags(tmp_path):
     cfg.write_text("corpus:\n  name: tiny\n  vocab: 512\n")
     with pytest.raises(ValueError, match="unknown corpus keys"):
         script.resolve_settings(script.parse_args(["--config", str(cfg), "--out", "data/x"]))
+
+
+def test_write_shards_without_documents_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="text/train.jsonl does not exist"):
+        data.write_shards(tmp_path, 300)
