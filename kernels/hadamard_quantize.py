@@ -83,11 +83,14 @@ def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
 @triton.jit
 def _quantize_store(
     t, row0, col0, n_rows, n_cols,
-    codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
+    codes_ptr, scales_ptr, signs_ptr, seed, h, c_hi, c_lo,
     BR: tl.constexpr, BC: tl.constexpr,
     HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns; store it."""
+    """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns; store it.
+
+    ``h``: the permuted ±1 matrix ``(HS, HS)`` (see :func:`_hadamard_pm1`), loaded once per program.
+    """
     NB: tl.constexpr = BR * BC // 32
     cols = col0 + tl.arange(0, BC)
     if HAS_SIGNS:
@@ -95,8 +98,6 @@ def _quantize_store(
     if HADAMARD:
         # The ±1 Sylvester matrix with its columns permuted (see _hadamard_pm1): the (j, t) swap
         # below restores the order without moving data between lanes.
-        i = tl.arange(0, HS)
-        h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
         a = tl.reshape(t, (BR * BC // HS, HS))
         if a.dtype == tl.float32:
             # Three exact 8-bit pieces (bf16 on the GPU): three bf16 products replace 32 fp32
@@ -179,21 +180,35 @@ def _hadamard_quantize_kernel(
     h_ptr, c_hi, c_lo,
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr,
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
 ):
-    m0 = tl.program_id(0) * BLOCK_M
+    # A program quantizes up to TILES consecutive (BLOCK_M, BLOCK_K) tiles down M: H is loaded
+    # once, and each tile's load is issued before the previous tile is quantized, so a program
+    # keeps a load in flight while it computes (the kernel is issue-bound, see the module notes).
+    m_first = tl.program_id(0) * (TILES * BLOCK_M)
+    m_end = tl.minimum(M, m_first + TILES * BLOCK_M)
     k0 = tl.program_id(1) * BLOCK_K
-    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
+    k_ok = (offs_k < K)[None, :]
+    i = tl.arange(0, HS)
+    h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
+    offs_m = tl.arange(0, BLOCK_M)
+    # Pointers advance by a tile a step (64-bit arithmetic once, not per tile).
+    ptrs = x_ptr + (m_first + offs_m).to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
+    step = BLOCK_M * stride_m.to(tl.int64)
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
-    x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
-    if ALONG_K:
-        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
-                        BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
-    if ALONG_M:
-        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h_ptr, c_hi, c_lo,
-                        BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
+    x = tl.load(ptrs, mask=(offs_m < m_end - m_first)[:, None] & k_ok, other=0.0)
+    for tile in range(0, tl.cdiv(m_end - m_first, BLOCK_M)):
+        m0 = m_first + tile * BLOCK_M
+        ptrs += step
+        x_next = tl.load(ptrs, mask=(offs_m < m_end - m0 - BLOCK_M)[:, None] & k_ok, other=0.0)
+        if ALONG_K:
+            _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h, c_hi, c_lo,
+                            BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
+        if ALONG_M:
+            _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h, c_hi,
+                            c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
+        x = x_next
 
 
 def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
@@ -202,12 +217,20 @@ def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
                 or (kwargs["ALONG_M"] and config.kwargs["BLOCK_M"] % unit))
 
 
-# 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
-# along K for one orientation, square-ish for the transposing ones. Pruned to the Hadamard size.
+# 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~135 registers, so at
+# most 3 programs of 4 warps an SM; 32 values take ~80-100 with the prefetched tile); wide along K
+# for one orientation, square-ish for the transposing ones; TILES row tiles a program (TILES=1:
+# the layout measured at 0192140). Pruned to the Hadamard size.
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
-    for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
-                     (128, 128, 8))
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "TILES": n}, num_warps=w, maxnreg=r)
+    for bm, bk, w, n, r in ((16, 256, 4, 1, None), (32, 128, 4, 1, None), (32, 256, 4, 1, None),
+                            (64, 256, 8, 1, None), (64, 64, 4, 1, None), (64, 128, 4, 1, None),
+                            (128, 64, 4, 1, None), (128, 128, 8, 1, None),
+                            (16, 256, 4, 4, None), (16, 256, 4, 8, None), (32, 256, 8, 4, None),
+                            (16, 512, 8, 4, None), (32, 128, 4, 4, None), (64, 64, 4, 4, None),
+                            (64, 128, 8, 4, None), (128, 64, 8, 4, None),
+                            # 96 registers: 5 programs an SM instead of 4, at a 48-byte spill (sm_90 compile).
+                            (16, 256, 4, 4, 96), (64, 64, 4, 4, 96))
 ]
 _tuned_kernel = triton.autotune(
     _GPU_CONFIGS,
@@ -337,10 +360,12 @@ def _quantize(
         if INTERPRETED:
             unit = max(BLOCK_SIZE, args["HS"])
             blocks = _interpreter_blocks(m, k, unit if along_m else BLOCK_SIZE, unit if along_k else BLOCK_SIZE)
-            grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
-            _hadamard_quantize_kernel[grid](**args, **blocks)
+            tiles = 2  # two tiles a program where there are rows for them: the prefetch loop runs in the tests
+            grid = (triton.cdiv(m, tiles * blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
+            _hadamard_quantize_kernel[grid](**args, **blocks, TILES=tiles)
         else:
-            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
+            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["TILES"] * meta["BLOCK_M"]),
+                                        triton.cdiv(k, meta["BLOCK_K"]))](**args)
 
     for out, side in ((out_k, along_k), (out_m, along_m)):
         if out is not None and side.emit_fp8:

@@ -53,9 +53,9 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
     return n * num_warps / values, int(regs.group(1)) if regs else -1
 
 
-def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flags) -> tuple[float, int]:
+def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, tiles=1, **flags) -> tuple[float, int]:
     constexprs = dict(ALONG_K=True, ALONG_M=False, HADAMARD=True, HADAMARD_T=False, HAS_SIGNS=False,
-                      HAS_SIGNS_T=False, HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k)
+                      HAS_SIGNS_T=False, HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k, TILES=tiles)
     constexprs.update(flags)
     args = {"x_ptr": dtype, "stride_m": "i32", "stride_k": 1, "M": "i32", "K": "i32",
             "codes_ptr": "*u8", "scales_ptr": "*u8", "signs_ptr": "*fp32", "seed": "i64",
