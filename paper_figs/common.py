@@ -53,15 +53,17 @@ def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
     return docs
 
 
-def records(docs: Iterable[dict[str, Any]], required: Iterable[str] = ()) -> pd.DataFrame:
-    """Every record of every document as one frame, with the document's ``seed`` (when the
-    record has none) and ``path``. No records, or records without a ``required`` field (results
-    of another stage?), raise ValueError naming the files: a figure of nothing is a bug."""
+def records(docs: Iterable[dict[str, Any]], required: Iterable[str] = (), kind: str | None = None) -> pd.DataFrame:
+    """Every record of every document as one frame (only those of ``kind`` when given), with the
+    document's ``seed`` (when the record has none) and ``path``. No records, or records without a
+    ``required`` field (results of another stage?), raise ValueError naming the files: a figure of
+    nothing is a bug."""
     docs = list(docs)
     paths = [d["path"] for d in docs]
-    rows = [{"seed": d["provenance"].get("seed"), **rec, "path": d["path"]} for d in docs for rec in d["records"]]
+    rows = [{"seed": d["provenance"].get("seed"), **rec, "path": d["path"]} for d in docs for rec in d["records"]
+            if kind is None or rec.get("kind") == kind]
     if not rows:
-        raise ValueError(f"no records in {paths}")
+        raise ValueError(f"no {kind + ' ' if kind else ''}records in {paths}")
     frame = pd.DataFrame(rows)
     missing = [c for c in required if c not in frame.columns]
     if missing:

@@ -38,10 +38,7 @@ def short(layer: str, block, kind: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
-    recs = common.records(docs, ["kind", "source", "model", "recipe", "step", "layer"])
-    ops = recs[recs["kind"] == "operand"].copy()
-    if ops.empty:
-        raise ValueError(f"no operand records in {[str(p) for p in args.results]}")
+    ops = common.records(docs, ["source", "model", "recipe", "step", "layer", "operand", "label"], kind="operand")
     ops["code"] = ops["label"].map({lab: i for i, lab in enumerate(LABELS)})
     ops["step"] = ops["step"].astype(int)
     runs = list(dict.fromkeys(zip(ops["source"], ops["model"], ops["recipe"])))

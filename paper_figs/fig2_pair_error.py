@@ -27,10 +27,7 @@ STRATEGIES = ("mxfp4", "iht", "iht+oe-left", "iht+oe-right", "bf16")
 def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
-    recs = common.records(docs, ["kind", "model", "recipe", "gemm", "pair", "strategy"])
-    gemms = recs[recs["kind"] == "gemm"].copy()
-    if gemms.empty:
-        raise ValueError(f"no gemm records in {[str(p) for p in args.results]}")
+    gemms = common.records(docs, ["model", "recipe", "gemm", "pair", "strategy", "rel_error", "available"], kind="gemm")
     strategies = [s for s in STRATEGIES if s in set(gemms["strategy"])] + sorted(set(gemms["strategy"]) - set(STRATEGIES))
     palette = dict(zip(strategies, sns.color_palette("colorblind", len(strategies))))
     slots = [s for s in SLOTS if s in set(gemms["gemm"])]

@@ -72,10 +72,11 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_xlabel("final held-out loss (nats/token)")
         ax.set_ylabel("")
         ax.set_title(f"{model}: final held-out loss (dots: seeds, bar: mean)")
-        handles, labels = row[0].get_legend_handles_labels()
         if row[0].get_legend() is not None:
             row[0].get_legend().remove()
-        row[0].legend(handles, labels, title="recipe (band: min–max over seeds)", fontsize="small", title_fontsize="small")
+    handles = [plt.Line2D([], [], color=palette[r]) for r in order]
+    fig.legend(handles, order, title="recipe (line: mean over seeds; band: min–max over seeds)", loc="outside lower center",
+               ncols=len(order))
     fig.suptitle(f"Pretraining loss per recipe — {common.device_label(docs)}, {len(docs)} runs")
     common.save(fig, args, docs)
 

@@ -9,6 +9,7 @@ Layout for a profile P (``config["profile"]``):
 """
 
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -29,10 +30,10 @@ WORKFLOW_ONLY_KEYS = ("results_from",)
 
 
 def _profile_file():
-    """The profile file the experiment scripts read: the last --configfile, else the default."""
-    given = workflow.overwrite_configfiles
-    path = str(given[-1]) if given else "config/smoke.yaml"
-    return os.path.relpath(path) if os.path.abspath(path).startswith(os.getcwd() + os.sep) else path
+    """The profile file the experiment scripts read: the last --configfile, else the Snakefile's."""
+    path = str((workflow.overwrite_configfiles or workflow.configfiles)[-1])
+    inside = os.path.abspath(path).startswith(os.getcwd() + os.sep)
+    return os.path.relpath(path) if inside else path
 
 
 CONFIG_FILE = _profile_file()
@@ -102,7 +103,7 @@ def log_path(rule, name="job"):
 
 def script_cmd(script, *args):
     """The shell command of a stage: its script, the profile file, the script's args, the log."""
-    return " ".join(["python", script, "--config", CONFIG_FILE, *args, "> {log} 2>&1"])
+    return " ".join(["python", script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
 
 
 def require_committed_results(paths):
