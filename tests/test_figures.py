@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import yaml
 from PIL import Image
 
@@ -23,6 +22,7 @@ from adahop import data
 from adahop.provenance import read_results
 
 ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, one thread
 RUNS = [(recipe, seed) for recipe in ("bf16", "mxfp4") for seed in (0, 1)]
 TINY_TRAIN = {"steps": 3, "batch_size": 2, "seq_len": 32, "lr": 3e-3, "warmup_steps": 1, "eval_interval": 2,
               "eval_batches": 1, "checkpoint_interval": 0, "precision": "fp32", "compile": False}
@@ -54,15 +54,6 @@ def script(name: str) -> Path:
     if not path.exists():
         pytest.skip(f"experiments/{name}.py is not written yet")
     return path
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny ops gain nothing from a second thread on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

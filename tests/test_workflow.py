@@ -193,3 +193,42 @@ def test_committed_mode_names_a_missing_results_file(workflow):
     out = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0
     assert "results_from: committed, but" in out.output and "results/pretrain/gpu/" in out.output
+
+
+# --------------------------------------------------------------------------- schema vs scripts
+
+
+def script_keys() -> dict[str, set[str]]:
+    """The keys each stage script accepts in its profile section, from the script itself."""
+    import dataclasses
+    import importlib.util
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(f"_schema_{name}", ROOT / "experiments" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.path.insert(0, str(ROOT / "experiments"))
+        try:
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(ROOT / "experiments"))
+        return module
+
+    from adahop.train import TrainConfig
+
+    memory = load("memory")
+    return {
+        "corpus": set(load("build_corpus").DEFAULTS) - {"profile"},  # profile: the file's top-level key
+        "memory": {"size", *memory.COMMON, *(k for size in memory.SIZES.values() for k in size)},
+        "patterns": set(load("patterns").DEFAULTS),
+        "eval": set(load("evaluate").DEFAULTS),
+        # models × recipes × seeds choose the runs; the rest are TrainConfig fields, one run each.
+        "pretrain": {"models", "recipes", "seeds"} | {f.name for f in dataclasses.fields(TrainConfig)}
+        - {"model", "recipe", "seed"},
+    }
+
+
+@needs_all_scripts
+def test_schema_sections_name_the_keys_each_script_reads():
+    schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
+    for section, keys in script_keys().items():
+        assert set(schema["properties"][section]["properties"]) == keys, section
