@@ -3,7 +3,8 @@
     experiments/patterns.py --config config/<profile>.yaml --data data/<corpus> \\
         --out results/patterns/<profile>/patterns.json \\
         [--models tiny,30m] [--recipes bf16,mxfp4] [--capture-steps 1,10,20,30] [--steps N] \\
-        [--max-tokens 256] [--pretrained all-minilm-l6-v2|none] [--seed S] [--outlier-k K | --outlier-fraction F] [--overwrite]
+        [--max-tokens 256] [--pretrained all-minilm-l6-v2|none] [--pretrained-batches N] \\
+        [--pretrained-batch-size B] [--seed S] [--outlier-k K | --outlier-fraction F] [--overwrite]
 
 For each model × recipe: a short training run (:class:`adahop.train.Trainer`, the pretrain stage's
 loop and settings) whose forward + backward at each capture step is copied by hooks that leave the
@@ -68,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pretrained", help="comma-separated pretrained models, or 'none'")
     p.add_argument("--steps", type=int, help="training steps (default: the last capture step)")
     p.add_argument("--max-tokens", type=int)
+    p.add_argument("--pretrained-batches", type=int, help="capture points (batches) of each pretrained model")
+    p.add_argument("--pretrained-batch-size", type=int, help="passage pairs per batch")
     p.add_argument("--seed", type=int)
     p.add_argument("--outlier-k", type=int, help="OE rows (the policy recipe's outlier_k)")
     p.add_argument("--outlier-fraction", type=float, help="OE rows as a share of the operand's rows")
@@ -88,7 +91,7 @@ def settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         value = getattr(args, key)
         if value is not None:
             s[key] = [] if value == "none" else [cast(v) for v in value.split(",") if v]
-    for key in ("max_tokens", "seed", "device", "outlier_fraction"):
+    for key in ("max_tokens", "seed", "device", "outlier_fraction", "pretrained_batches", "pretrained_batch_size"):
         if getattr(args, key) is not None:
             s[key] = getattr(args, key)
     s["train"] = dict(s["train"])
