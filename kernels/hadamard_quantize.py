@@ -71,13 +71,23 @@ TRANSPOSED_STREAM = 1 << 62  # OR-ed into the seed for the along-M orientation
 
 
 @triton.jit
-def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
-    """``(NB, 32)`` uniforms in [0, 1) for the MX blocks at (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
-    # One Philox call gives four 32-bit draws: group g of a row feeds its elements 4g..4g+3.
-    groups = (rows.to(tl.int64) * (n_cols // 4) + cblk * 8)[:, None] + tl.arange(0, 8)[None, :]
+def _dither_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
+    """``(NB, 32)`` fp32 dithers ``1 + (r + 1/2) / 2^16`` (r a 16-bit draw) for the MX blocks at (``rows``, ``cblk``).
+
+    SR takes ``floor(steps + dither) - 1`` (steps = q / grid step, exact, in [0, 4)): up with
+    probability ``frac(steps)`` to within 2^-16 (2^-17 from 16-bit draws, at most one draw more
+    where the fp32 sum rounds onto an integer), so E[q] - x is at most 2^-16 of a grid step, far
+    below what ``test_sr_is_unbiased`` (~4% of a step) or a training run resolves; a value on the
+    grid never moves. One Philox call (four 32-bit words) feeds eight values: half the Philox
+    work of a 32-bit draw a value, and no int->float conversion (the dither is built from bits).
+    """
+    # Philox counter = (row, group): group g of a row feeds its elements 8g..8g+7.
+    groups = (rows.to(tl.int64) * (n_cols // 8) + cblk * 4)[:, None] + tl.arange(0, 4)[None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, groups)
-    draws = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 32))
-    return tl.uint_to_uniform_float(draws)
+    words = tl.join(tl.join(r0, r1), tl.join(r2, r3))
+    # A 16-bit draw r into mantissa bits 22..7 of 1.0, bit 6 (2^-17) set: 1 + (2r + 1) 2^-17.
+    bits = tl.join((words << 7) & 0x007FFF80, (words >> 9) & 0x007FFF80) | 0x3F800040
+    return tl.reshape(bits, (NB, 32)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -141,10 +151,10 @@ def _quantize_store(
     e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if SR:
         steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
-        down = tl.floor(steps)
-        u = _uniform_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
-                            n_cols, NB)
-        n = down.to(tl.int32) + (u < steps - down).to(tl.int32)  # up with probability frac(steps)
+        dither = _dither_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
+                                n_cols, NB)
+        # The sum is positive, so the truncating conversion is the floor; up with probability frac(steps).
+        n = (steps + dither).to(tl.int32) - 1
     else:
         # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
         # difference of the bit patterns is the number of steps.
