@@ -45,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     colours = sns.color_palette("colorblind", 3)
     cmap = ListedColormap([colours[1], colours[0], (0.9, 0.9, 0.9)])
     n_layers = ops.groupby(["source", "model", "recipe"], sort=False)["layer"].nunique()
-    heights = [0.9 + 0.2 * n_layers[run] for run in runs]
+    # Inches per layer row: big models (84 linears at 125m) get thinner rows and smaller labels.
+    heights = [0.9 + (0.2 if n_layers[run] <= 30 else 0.13) * n_layers[run] for run in runs]
 
     common.style()
     fig, axes = plt.subplots(len(runs), 3, figsize=(12, 0.9 + sum(heights)), squeeze=False,
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
             ax.set_title(f"{run}: {title}", fontsize="small")
             ax.set_xlabel("optimizer step captured" if source == "train" else "batch captured")
             ax.set_ylabel("layer (block.name)" if ax is row[0] else "")
-            ax.tick_params(axis="y", labelsize=6 if len(grid) > 20 else 8)
+            ax.tick_params(axis="y", labelsize=5 if len(grid) > 30 else 6 if len(grid) > 20 else 8)
             if ax is not row[0]:
                 ax.set_yticklabels([])
     counts = ops.groupby("label").size().reindex(list(LABELS), fill_value=0)
