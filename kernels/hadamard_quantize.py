@@ -182,6 +182,25 @@ def _quantize_store(
     tl.store(scales_ptr + rows * (n_cols // 32) + cblk, scale.to(tl.uint8), mask=ok)
 
 
+@triton.jit
+def _quantize_tile(
+    x, m0, k0, M, K,
+    codes_ptr, scales_ptr, signs_ptr, seed,
+    codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t,
+    h, c_hi, c_lo,
+    ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
+    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr,
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Quantize and store the requested orientations of the tile ``x (BLOCK_M, BLOCK_K)`` at (m0, k0) of X."""
+    if ALONG_K:
+        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h, c_hi, c_lo,
+                        BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
+    if ALONG_M:
+        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h, c_hi, c_lo,
+                        BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
+
+
 @triton.jit(do_not_specialize=["seed", "seed_t"])
 def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
@@ -205,20 +224,23 @@ def _hadamard_quantize_kernel(
     offs_m = tl.arange(0, BLOCK_M)
     # Pointers advance by a tile a step (64-bit arithmetic once, not per tile).
     ptrs = x_ptr + (m_first + offs_m).to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
-    step = BLOCK_M * stride_m.to(tl.int64)
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
     x = tl.load(ptrs, mask=(offs_m < m_end - m_first)[:, None] & k_ok, other=0.0)
-    for tile in range(0, tl.cdiv(m_end - m_first, BLOCK_M)):
-        m0 = m_first + tile * BLOCK_M
-        ptrs += step
-        x_next = tl.load(ptrs, mask=(offs_m < m_end - m0 - BLOCK_M)[:, None] & k_ok, other=0.0)
-        if ALONG_K:
-            _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h, c_hi, c_lo,
-                            BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
-        if ALONG_M:
-            _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h, c_hi,
-                            c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
-        x = x_next
+    if TILES == 1:
+        # No loop: a prefetch buffer would double the registers holding the tile.
+        _quantize_tile(x, m_first, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, codes_t_ptr, scales_t_ptr,
+                       signs_t_ptr, seed_t, h, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
+                       HAS_SIGNS_T, HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
+    else:
+        step = BLOCK_M * stride_m.to(tl.int64)
+        for tile in range(0, tl.cdiv(m_end - m_first, BLOCK_M)):
+            m0 = m_first + tile * BLOCK_M
+            ptrs += step
+            x_next = tl.load(ptrs, mask=(offs_m < m_end - m0 - BLOCK_M)[:, None] & k_ok, other=0.0)
+            _quantize_tile(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, codes_t_ptr, scales_t_ptr,
+                           signs_t_ptr, seed_t, h, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
+                           HAS_SIGNS_T, HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
+            x = x_next
 
 
 def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
@@ -370,7 +392,8 @@ def _quantize(
         if INTERPRETED:
             unit = max(BLOCK_SIZE, args["HS"])
             blocks = _interpreter_blocks(m, k, unit if along_m else BLOCK_SIZE, unit if along_k else BLOCK_SIZE)
-            tiles = 2  # two tiles a program where there are rows for them: the prefetch loop runs in the tests
+            # Two tiles a program where there are rows for them: tests run both the loop and TILES=1.
+            tiles = 2 if m > blocks["BLOCK_M"] else 1
             grid = (triton.cdiv(m, tiles * blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
             _hadamard_quantize_kernel[grid](**args, **blocks, TILES=tiles)
         else:

@@ -8,6 +8,10 @@ once per warp, so warp-instructions per value = instructions × warps / values i
 H200 issues 4 warp-instructions a cycle per SM (132 SMs, ~1.9 GHz): at 85% of the 4.28 TB/s copy
 rate, with 2.53 B moved per bf16 value, the budget is ~0.73 warp-instructions a value; above it
 the kernel is issue-bound. A proxy, not a timing: the GPU benchmarks have the last word.
+
+Kernels with loops (``TILES`` row tiles a quantize program, the K loop of ``fp8_reencode``) are
+counted statically: one trip of each loop, prologue and the rarely taken general path of
+``fp8_reencode`` included, so those counts are upper bounds of the per-value work.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 import adahop_kernels.dequantize as dq
+import adahop_kernels.fp8_reencode as fr
 import adahop_kernels.hadamard_quantize as hq
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -86,6 +91,11 @@ def main() -> None:
                 "BLOCK_R": 8, "BLOCK_K": 512}
         per_value, regs = sass_per_value(dq._dequantize_kernel, args, 4, 8 * 512)
         print(f"dequantize -> {out[1:]:34s} {per_value:.3f} warp-instr/value  {regs} regs")
+    # Budget at the copy rate: 1.56 B a value moved -> ~0.38 warp-instructions a value.
+    args = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "row_scale_ptr": "*fp32", "M": "i32",
+            "K": "i32", "BLOCK_M": 8, "BLOCK_K": 1024}
+    per_value, regs = sass_per_value(fr._fp8_reencode_kernel, args, 4, 8 * 1024)
+    print(f"fp8_reencode (8x1024, both paths)       <= {per_value:.3f} warp-instr/value  {regs} regs")
 
 
 if __name__ == "__main__":
