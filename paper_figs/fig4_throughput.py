@@ -49,6 +49,22 @@ def layer_frame(layers: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).drop_duplicates(["layer", "series"])
 
 
+SCALE_NOTE = {"log": "; log scale", "linear": ""}
+
+
+def scale(ax, axis: str, values) -> None:
+    """Log scale where the values span more than 30x (CPU smoke runs), linear otherwise."""
+    values = [v for v in values if v and v > 0]
+    if values and max(values) / min(values) > 30:
+        (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+
+
+def below(ax, title: str, y: float) -> None:
+    """The panel's legend under it, where it cannot cover a bar."""
+    ax.legend(title=title, fontsize="small", title_fontsize="small", ncols=3, loc="upper center",
+              bbox_to_anchor=(0.5, y))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
@@ -59,8 +75,10 @@ def main(argv: list[str] | None = None) -> None:
     gemms = kernels[kernels["unit"] == "TFLOP/s"]
 
     common.style()
-    fig, axes = plt.subplots(1, 3, figsize=(20, 6.5), gridspec_kw={"width_ratios": [1.3, 1.2, 1]})
-    ax = axes[0]
+    n_gemm_bars = len(gemm_frame(gemms)) if not gemms.empty else 1
+    fig, axes = plt.subplot_mosaic([["memory", "layer"], ["gemm", "gemm"]], figsize=(20, 9 + 0.12 * n_gemm_bars),
+                                   gridspec_kw={"width_ratios": [1.4, 1], "height_ratios": [1, 0.3 + 0.03 * n_gemm_bars]})
+    ax = axes["memory"]
     if memory.empty:
         ax.text(0.5, 0.5, "no memory-bound kernel records", ha="center", va="center", transform=ax.transAxes)
     else:
@@ -69,29 +87,27 @@ def main(argv: list[str] | None = None) -> None:
         for i, copy in enumerate(sorted(set(memory["ceiling"]))):
             ax.axvline(copy, color="black", linestyle="--", linewidth=1,
                        label="copy ceiling (same run)" if i == 0 else None)
-        ax.legend(title="shape (rows×cols)", fontsize="small", title_fontsize="small", ncols=3,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.1))
-    ax.set_xscale("log")
-    ax.set_xlabel("throughput (GB/s, bytes read + written; log scale)")
+        below(ax, "shape (rows×cols)", -0.1)
+        scale(ax, "x", [*memory["figure"], *memory["ceiling"]])
+    ax.set_xlabel(f"throughput (GB/s, bytes read + written{SCALE_NOTE[ax.get_xscale()]})")
     ax.set_ylabel("")
     ax.tick_params(axis="y", labelsize="small")
     ax.set_title("memory-bound kernels vs copy bandwidth")
 
-    ax = axes[1]
+    ax = axes["gemm"]
     if gemms.empty:
         ax.text(0.5, 0.5, "no GEMM records", ha="center", va="center", transform=ax.transAxes)
     else:
         frame = gemm_frame(gemms)
-        sns.barplot(data=frame, x="shape", y="value", hue="series", ax=ax)
-        ax.legend(fontsize="small", title="kernel / peer / ceiling", title_fontsize="small", ncols=2,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.16))
-        ax.tick_params(axis="x", labelsize="small", rotation=20)
-    ax.set_yscale("log")
-    ax.set_xlabel("GEMM shape (M×N×K)")
-    ax.set_ylabel("throughput (TFLOP/s, log scale)")
+        sns.barplot(data=frame, y="shape", x="value", hue="series", ax=ax)
+        ax.legend(title="kernel [GEMM path] /\npeer / ceiling", fontsize="small", title_fontsize="small",
+                  loc="center left", bbox_to_anchor=(1.01, 0.5))
+        scale(ax, "x", frame["value"])
+    ax.set_ylabel("GEMM shape (M×N×K)")
+    ax.set_xlabel(f"throughput (TFLOP/s{SCALE_NOTE[ax.get_xscale()]})")
     ax.set_title("MXFP4 GEMMs vs peers and ceiling")
 
-    ax = axes[2]
+    ax = axes["layer"]
     ax.set_title("linear layer fwd+bwd")
     if layers.empty:
         ax.text(0.5, 0.5, "no layer records", ha="center", va="center", transform=ax.transAxes)
@@ -100,13 +116,12 @@ def main(argv: list[str] | None = None) -> None:
         frame = layer_frame(layers)
         sns.barplot(data=frame, x="layer", y="value", hue="series", ax=ax)
         ax.axhline(1, color="black", linestyle="--", linewidth=1, label="nn.Linear bf16")
-        ax.legend(fontsize="small", title="layer variant", title_fontsize="small", ncols=3,
-                  loc="upper center", bbox_to_anchor=(0.5, -0.1))
+        below(ax, "layer variant", -0.1)
+        scale(ax, "y", [*frame["value"], 1.0])
         tokens = sorted({int(t) for t in layers["tokens"]})
         ax.set_title(f"linear layer fwd+bwd, {', '.join(map(str, tokens))} tokens")
     ax.set_xlabel("layer (in→out features)")
-    ax.set_yscale("log")
-    ax.set_ylabel("speed-up over nn.Linear bf16 (×, log scale)")
+    ax.set_ylabel(f"speed-up over nn.Linear bf16 (×{SCALE_NOTE[ax.get_yscale()]})")
     fig.suptitle(f"Throughput against same-run ceilings — {common.device_label(docs)}")
     common.save(fig, args, docs)
 
