@@ -36,20 +36,34 @@ Random bits for SR are a function of (seed, orientation, output row, output colu
 tile shape (autotuned) never changes the result, and :func:`hadamard_quantize_dual` equals two
 single calls bit for bit. The along-M orientation draws from Philox key ``seed | 2**62``.
 
-Throughput (to be measured on the H200: ``tests/bench/test_bench_quantize.py``). Bytes per value
-with bf16 input: read 2, write 0.5 + 1/32 per orientation; the dual kernel moves 3.06 B/value
-against 5.06 for two single calls. At 85% of the 4.28 TB/s copy rate an H200 has ~0.73
-warp-instructions per value to issue (132 SMs × 4 a cycle × ~1.9 GHz / 1.44e12 values/s), so the
-CUDA-core work is the constraint, not the tensor cores. Counted on the sm_90 SASS
+Throughput. Bytes per value with bf16 input: read 2, write 0.5 + 1/32 per orientation; the dual
+kernel moves 3.06 B/value against 5.06 for two single calls. An H200 issues ~1.0e12
+warp-instructions/s (132 SMs × 4 a cycle × ~1.98 GHz); at 85% of the 4.28 TB/s copy rate it has
+~0.73 warp-instructions a value (bf16 in, one orientation). Counted on the sm_90 SASS
 (``scripts/sass_count.py``), per value: along K, RNE, H32 0.69 (no Hadamard 0.60, with signs
-0.76, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.34 for two
-orientations (budget ~0.88 at its 3.06 B/value); SR 1.56 (one 10-round Philox call per four
-values). Expectation: RNE single-orientation kernels near or just under the 85% target, the
-dual kernel ~55–60% of copy (still less time than two single calls, which need 1.4 together),
-SR ~40%: SR is compute-bound by its random bits. The packing tricks that got RNE there: codes
-from the fp32 bit patterns (one add rounds to the grid), integer block max (also finds NaN/Inf),
-eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, and H's columns permuted
-so each MMA lane holds consecutive outputs (no data moves before the packing).
+0.76, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.33 for two
+orientations (budget ~0.88 at its 3.06 B/value); SR 1.1-1.27 (was 1.56 with 32-bit draws).
+The packing tricks that got RNE there: codes from the fp32 bit patterns (one add rounds to the
+grid), integer block max (also finds NaN/Inf), eight codes a 32-bit word with the "-0" nibbles
+cleared by a SWAR mask, and H's columns permuted so each MMA lane holds consecutive outputs (no
+data moves before the packing).
+
+Measured on the H200 at commit 0192140 (torch 2.11, triton 3.6; ratio to the same-run copy
+bandwidth, bf16 input, 8192² and 16384×{2048, 4096, 8192, 14336}): along K, RNE, H32 0.37-0.54
+(1.5-2.3 TB/s); no Hadamard 0.28-0.67; along M 0.34-0.51; SR 0.22-0.25; emit_fp8 (with the
+separate re-encoding pass, then 0.16-0.17 of copy on its own) 0.17-0.30; dual RNE 0.24-0.32, SR
+0.14. Reading: the kernels are issue-bound, not bandwidth-bound. 0.69 warp-instructions a value
+caps RNE H32 at ~0.9 of copy at perfect issue, and the measured ratios correspond to ~60% issue
+efficiency; programs were one tile each, with H (4 KB) loaded after the tile's own load (two
+global round trips before any work) and at most 3-6 programs an SM (80-138 registers).
+Changes since, and what is expected (expectation, not yet measured):
+* ``TILES`` row tiles a program with the next tile's load issued before the current one is
+  quantized and H loaded once a program (autotuned against the one-tile configs, kept): better
+  issue efficiency; RNE single-orientation ~0.55-0.65 of copy, not the 85% target, which would
+  need ~0.5 warp-instructions a value (a different rounding algorithm), or fewer bytes.
+* SR: 16-bit draws (eight values a Philox call) and the dither built from bits: ~1.25× faster.
+* emit_fp8: the re-encoding pass went from 1.47 to <= 0.31 warp-instructions a value
+  (:mod:`adahop_kernels.fp8_reencode`), so the emit_fp8 ratio should roughly double (~0.5).
 """
 
 from __future__ import annotations
@@ -227,7 +241,7 @@ def _hadamard_quantize_kernel(
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
     x = tl.load(ptrs, mask=(offs_m < m_end - m_first)[:, None] & k_ok, other=0.0)
     if TILES == 1:
-        # No loop: a prefetch buffer would double the registers holding the tile.
+        # No loop: a loop-carried prefetch buffer would double the registers holding the tile.
         _quantize_tile(x, m_first, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, codes_t_ptr, scales_t_ptr,
                        signs_t_ptr, seed_t, h, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
                        HAS_SIGNS_T, HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
