@@ -106,13 +106,23 @@ def script_cmd(script, *args):
     return " ".join(["python", script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
 
 
-def require_committed_results(paths):
-    """With ``results_from: committed``, a missing results file is an error naming it, never a
-    stage (a GPU stage, for the gpu profile) started on this machine to make it."""
-    missing = sorted(p for p in paths if not os.path.exists(p))
-    if missing:
-        raise WorkflowError(
-            f"results_from: committed, but {len(missing)} results file(s) of profile {PROFILE} are "
-            f"missing: {missing}. Run their stages (the gpu profile's on a GPU) or set "
-            f"results_from: run."
-        )
+def results_inputs(paths):
+    """An input function giving ``paths`` (results files read by a figure, a table or `all`).
+
+    With ``results_from: committed`` a missing one is an error that names it, never a stage (a GPU
+    stage, for the gpu profile) started on this machine to make it. Checked when a job asks for
+    them, so one figure can be drawn while another's results are still missing.
+    """
+    paths = list(paths)
+
+    def inputs(wildcards):
+        missing = sorted(p for p in paths if not os.path.exists(p)) if COMMITTED else []
+        if missing:
+            raise WorkflowError(
+                f"results_from: committed, but {len(missing)} results file(s) of profile {PROFILE} "
+                f"are missing: {missing}. Run their stages (the gpu profile's on a GPU) or set "
+                f"results_from: run."
+            )
+        return paths
+
+    return inputs

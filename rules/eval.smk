@@ -22,7 +22,7 @@ rule eval:
 rule eval_table:
     input:
         script="experiments/evaluate.py",
-        results=expand(results_path("eval", "{run}"), run=RUNS),
+        results=results_inputs(results_path("eval", run) for run in RUNS),
         reference="adahop/paper_reference.yaml",
     output:
         md=f"results/eval/{PROFILE}/table.md",

@@ -4,7 +4,7 @@
 # With `results_from: committed` the figures are drawn from results/ as committed (e.g. the GPU
 # campaign's) without running any stage here: the stage rules' inputs are ancient (common.smk),
 # so nothing upstream of a present results file reruns, and a results file that is missing is an
-# error rather than a GPU stage started on this machine.
+# error rather than a GPU stage started on this machine (results_inputs, common.smk).
 
 FIGURE_DIR = f"paper_figs/out/{PROFILE}"
 FIGURE_INPUTS = {
@@ -17,19 +17,17 @@ FIGURE_INPUTS = {
 }
 # Read beside the results: the paper's own numbers, each citing its table.
 FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
-ALL_RESULTS = sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
+ALL_RESULTS = results_inputs(
+    sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
+)
 TABLES = [rules.eval_table.output.md, rules.eval_table.output.csv]
 FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=("png", "pdf"))
-
-
-if COMMITTED:
-    require_committed_results(ALL_RESULTS)
 
 
 rule figure:
     input:
         script="paper_figs/{figure}.py",
-        results=lambda wildcards: FIGURE_INPUTS[wildcards.figure],
+        results=lambda wildcards: results_inputs(FIGURE_INPUTS[wildcards.figure])(wildcards),
         references=lambda wildcards: FIGURE_REFERENCES.get(wildcards.figure, []),
     output:
         png=f"{FIGURE_DIR}/{{figure}}.png",

@@ -192,7 +192,18 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
 def test_committed_mode_names_a_missing_results_file(workflow):
     out = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0
-    assert "results_from: committed, but" in out.output and "results/pretrain/gpu/" in out.output
+    assert "results_from: committed, but" in out.output and "results/" in out.output
+
+
+@needs_all_scripts
+def test_committed_mode_draws_one_figure_whose_results_are_there(workflow):
+    for path in ("results/microbench/gpu/kernels.json", "results/layer_bench/gpu/layers.json"):
+        (workflow / path).parent.mkdir(parents=True, exist_ok=True)
+        (workflow / path).write_text(json.dumps({"provenance": {}, "records": []}))
+    out = snakemake(workflow, "-n", "paper_figs/out/gpu/fig4_throughput.png", "--configfile", "config/gpu.yaml",
+                    "--workflow-profile", "profiles/committed")
+    assert out.returncode == 0, out.output[-3000:]
+    assert job_counts(out.output) == {"figure": 1}
 
 
 # --------------------------------------------------------------------------- schema vs scripts
