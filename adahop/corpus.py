@@ -146,7 +146,8 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("manpages", "deb", "manpages", "man", ("usr/share/man/man*/*.gz",),
            "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)"),
     Source("manpages-dev", "deb", "manpages-dev", "man", ("usr/share/man/man*/*.gz",),
-           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)"),
+           "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers; the "
+           "copyright file ships in the manpages package)"),
     Source("gcide", "deb", "dict-gcide", "dictd", ("usr/share/dictd/gcide.*",), "GPL-2.0-or-later"),
     Source("jargon", "deb", "dict-jargon", "dictd", ("usr/share/dictd/jargon.*",),
            "LicenseRef-public-domain"),

@@ -168,14 +168,10 @@ def pod_to_text(source: str) -> str:
     for para in re.split(r"\n[ \t]*\n", source.replace("\r\n", "\n")):
         if not para.strip():
             continue
-        if para.startswith("="):
-            cmd, _, rest = para[1:].partition(" ") if " " in para.split("\n", 1)[0] else (
-                para[1:].split("\n", 1)[0], "", para.split("\n", 1)[1] if "\n" in para else "")
-            cmd = cmd.strip()
-            if cmd == "cut":
-                in_pod = False
-            else:
-                in_pod = True
+        command = re.match(r"=(\w+)\s*(.*)", para, re.S)
+        if command:
+            cmd, rest = command.groups()
+            in_pod = cmd != "cut"  # any other command (re)starts POD
             if cmd == "begin":
                 fmt = rest.split()[0] if rest.split() else ""
                 skip_block = None if fmt.lower() in ("text", "") else fmt
