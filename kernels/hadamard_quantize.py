@@ -264,18 +264,18 @@ def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
 
 
 # 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~135 registers, so at
-# most 3 programs of 4 warps an SM; 32 values take ~80-100 with the prefetched tile); wide along K
-# for one orientation, square-ish for the transposing ones; TILES row tiles a program (TILES=1:
-# the layout measured at 0192140). Pruned to the Hadamard size.
+# most 3 programs of 4 warps an SM; 32 values take ~80, ~125 with the loop's prefetched tile);
+# wide along K for one orientation, square-ish for the transposing ones. TILES=1: configs of
+# 0192140 (minus the 8-warp 64-value ones, one program an SM at ~135 registers); TILES=4: the
+# prefetching loop at 32 values a thread, two of them capped at 96 registers (5 programs an SM
+# instead of 4, at a 48-byte spill on the sm_90 compile). Pruned to the Hadamard size. Kept short:
+# each config is compiled per kernel variant when the autotuner first meets it.
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "TILES": n}, num_warps=w, maxnreg=r)
-    for bm, bk, w, n, r in ((16, 256, 4, 1, None), (32, 128, 4, 1, None), (32, 256, 4, 1, None),
-                            (64, 256, 8, 1, None), (64, 64, 4, 1, None), (64, 128, 4, 1, None),
-                            (128, 64, 4, 1, None), (128, 128, 8, 1, None),
-                            (16, 256, 4, 4, None), (16, 256, 4, 8, None), (32, 256, 8, 4, None),
-                            (16, 512, 8, 4, None), (32, 128, 4, 4, None), (64, 64, 4, 4, None),
-                            (64, 128, 8, 4, None), (128, 64, 8, 4, None),
-                            # 96 registers: 5 programs an SM instead of 4, at a 48-byte spill (sm_90 compile).
+    for bm, bk, w, n, r in ((16, 256, 4, 1, None), (32, 256, 4, 1, None), (64, 64, 4, 1, None),
+                            (64, 128, 4, 1, None), (128, 64, 4, 1, None),
+                            (16, 256, 4, 4, None), (32, 256, 8, 4, None), (16, 512, 8, 4, None),
+                            (64, 64, 4, 4, None), (64, 128, 8, 4, None),
                             (16, 256, 4, 4, 96), (64, 64, 4, 4, 96))
 ]
 _tuned_kernel = triton.autotune(
