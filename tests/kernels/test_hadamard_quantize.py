@@ -338,6 +338,21 @@ def test_dual_equals_two_single_calls(rounding, flags, device):
     assert (b.fp8 is None) == (not had_t)
 
 
+@pytest.mark.parametrize("rows", [200, 224], ids=lambda r: f"rows{r}")
+def test_programs_of_several_tiles_match_reference(rows, device, monkeypatch):
+    # 32-row tiles, two a program (the prefetching loop): 200 rows end in a partial tile of a
+    # program's first half, 224 rows leave the last program one whole tile and no second one.
+    if device == "cpu":
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 32, "BLOCK_K": 64})
+    x = exact_transform_input(rows, 128, rows)
+    assert_same(hadamard_quantize(x.to(device), hadamard=False), quantize_mxfp4_ref(x))
+    assert_same(hadamard_quantize(x.to(device)), ops.hadamard_quantize_ref(x))
+    if rows % 32 == 0:
+        a, b = hadamard_quantize_dual(x.to(device))
+        assert_same(a, ops.hadamard_quantize_ref(x))
+        assert_same(b, ops.hadamard_quantize_ref(x.t()))
+
+
 def test_empty_rows_give_empty_outputs(device):
     q = hadamard_quantize(torch.zeros(0, 64, device=device))
     assert q.codes.shape == (0, 32) and q.scales.shape == (0, 2)
