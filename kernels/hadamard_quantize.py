@@ -36,34 +36,20 @@ Random bits for SR are a function of (seed, orientation, output row, output colu
 tile shape (autotuned) never changes the result, and :func:`hadamard_quantize_dual` equals two
 single calls bit for bit. The along-M orientation draws from Philox key ``seed | 2**62``.
 
-Throughput. Bytes per value with bf16 input: read 2, write 0.5 + 1/32 per orientation; the dual
-kernel moves 3.06 B/value against 5.06 for two single calls. An H200 issues ~1.0e12
-warp-instructions/s (132 SMs × 4 a cycle × ~1.98 GHz); at 85% of the 4.28 TB/s copy rate it has
-~0.73 warp-instructions a value (bf16 in, one orientation). Counted on the sm_90 SASS
+Throughput (to be measured on the H200: ``tests/bench/test_bench_quantize.py``). Bytes per value
+with bf16 input: read 2, write 0.5 + 1/32 per orientation; the dual kernel moves 3.06 B/value
+against 5.06 for two single calls. At 85% of the 4.28 TB/s copy rate an H200 has ~0.73
+warp-instructions per value to issue (132 SMs × 4 a cycle × ~1.9 GHz / 1.44e12 values/s), so the
+CUDA-core work is the constraint, not the tensor cores. Counted on the sm_90 SASS
 (``scripts/sass_count.py``), per value: along K, RNE, H32 0.69 (no Hadamard 0.60, with signs
-0.76, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.33 for two
-orientations (budget ~0.88 at its 3.06 B/value); SR 1.1-1.27 (was 1.56 with 32-bit draws).
-The packing tricks that got RNE there: codes from the fp32 bit patterns (one add rounds to the
-grid), integer block max (also finds NaN/Inf), eight codes a 32-bit word with the "-0" nibbles
-cleared by a SWAR mask, and H's columns permuted so each MMA lane holds consecutive outputs (no
-data moves before the packing).
-
-Measured on the H200 at commit 0192140 (torch 2.11, triton 3.6; ratio to the same-run copy
-bandwidth, bf16 input, 8192² and 16384×{2048, 4096, 8192, 14336}): along K, RNE, H32 0.37-0.54
-(1.5-2.3 TB/s); no Hadamard 0.28-0.67; along M 0.34-0.51; SR 0.22-0.25; emit_fp8 (with the
-separate re-encoding pass, then 0.16-0.17 of copy on its own) 0.17-0.30; dual RNE 0.24-0.32, SR
-0.14. Reading: the kernels are issue-bound, not bandwidth-bound. 0.69 warp-instructions a value
-caps RNE H32 at ~0.9 of copy at perfect issue, and the measured ratios correspond to ~60% issue
-efficiency; programs were one tile each, with H (4 KB) loaded after the tile's own load (two
-global round trips before any work) and at most 3-6 programs an SM (80-138 registers).
-Changes since, and what is expected (expectation, not yet measured):
-* ``TILES`` row tiles a program with the next tile's load issued before the current one is
-  quantized and H loaded once a program (autotuned against the one-tile configs, kept): better
-  issue efficiency; RNE single-orientation ~0.55-0.65 of copy, not the 85% target, which would
-  need ~0.5 warp-instructions a value (a different rounding algorithm), or fewer bytes.
-* SR: 16-bit draws (eight values a Philox call) and the dither built from bits: ~1.25× faster.
-* emit_fp8: the re-encoding pass went from 1.47 to <= 0.31 warp-instructions a value
-  (:mod:`adahop_kernels.fp8_reencode`), so the emit_fp8 ratio should roughly double (~0.5).
+0.76, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.34 for two
+orientations (budget ~0.88 at its 3.06 B/value); SR 1.56 (one 10-round Philox call per four
+values). Expectation: RNE single-orientation kernels near or just under the 85% target, the
+dual kernel ~55–60% of copy (still less time than two single calls, which need 1.4 together),
+SR ~40%: SR is compute-bound by its random bits. The packing tricks that got RNE there: codes
+from the fp32 bit patterns (one add rounds to the grid), integer block max (also finds NaN/Inf),
+eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, and H's columns permuted
+so each MMA lane holds consecutive outputs (no data moves before the packing).
 """
 
 from __future__ import annotations
@@ -85,36 +71,23 @@ TRANSPOSED_STREAM = 1 << 62  # OR-ed into the seed for the along-M orientation
 
 
 @triton.jit
-def _dither_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
-    """``(NB, 32)`` fp32 dithers ``1 + (r + 1/2) / 2^16`` (r a 16-bit draw) for the MX blocks at (``rows``, ``cblk``).
-
-    SR takes ``floor(steps + dither) - 1`` (steps = q / grid step, exact, in [0, 4)): up with
-    probability ``frac(steps)`` to within 2^-16 (2^-17 from 16-bit draws, at most one draw more
-    where the fp32 sum rounds onto an integer), so E[q] - x is at most 2^-16 of a grid step, far
-    below what ``test_sr_is_unbiased`` (~4% of a step) or a training run resolves; a value on the
-    grid never moves. One Philox call (four 32-bit words) feeds eight values: half the Philox
-    work of a 32-bit draw a value, and no int->float conversion (the dither is built from bits).
-    """
-    # Philox counter = (row, group): group g of a row feeds its elements 8g..8g+7.
-    groups = (rows.to(tl.int64) * (n_cols // 8) + cblk * 4)[:, None] + tl.arange(0, 4)[None, :]
+def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
+    """``(NB, 32)`` uniforms in [0, 1) for the MX blocks at (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
+    # One Philox call gives four 32-bit draws: group g of a row feeds its elements 4g..4g+3.
+    groups = (rows.to(tl.int64) * (n_cols // 4) + cblk * 8)[:, None] + tl.arange(0, 8)[None, :]
     r0, r1, r2, r3 = tl.randint4x(seed, groups)
-    words = tl.join(tl.join(r0, r1), tl.join(r2, r3))
-    # A 16-bit draw r into mantissa bits 22..7 of 1.0, bit 6 (2^-17) set: 1 + (2r + 1) 2^-17.
-    bits = tl.join((words << 7) & 0x007FFF80, (words >> 9) & 0x007FFF80) | 0x3F800040
-    return tl.reshape(bits, (NB, 32)).to(tl.float32, bitcast=True)
+    draws = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 32))
+    return tl.uint_to_uniform_float(draws)
 
 
 @triton.jit
 def _quantize_store(
     t, row0, col0, n_rows, n_cols,
-    codes_ptr, scales_ptr, signs_ptr, seed, h, c_hi, c_lo,
+    codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
     BR: tl.constexpr, BC: tl.constexpr,
     HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns; store it.
-
-    ``h``: the permuted ±1 matrix ``(HS, HS)`` (see :func:`_hadamard_pm1`), loaded once per program.
-    """
+    """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns; store it."""
     NB: tl.constexpr = BR * BC // 32
     cols = col0 + tl.arange(0, BC)
     if HAS_SIGNS:
@@ -122,6 +95,8 @@ def _quantize_store(
     if HADAMARD:
         # The ±1 Sylvester matrix with its columns permuted (see _hadamard_pm1): the (j, t) swap
         # below restores the order without moving data between lanes.
+        i = tl.arange(0, HS)
+        h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
         a = tl.reshape(t, (BR * BC // HS, HS))
         if a.dtype == tl.float32:
             # Three exact 8-bit pieces (bf16 on the GPU): three bf16 products replace 32 fp32
@@ -165,10 +140,10 @@ def _quantize_store(
     e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if SR:
         steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
-        dither = _dither_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
-                                n_cols, NB)
-        # The sum is positive, so the truncating conversion is the floor; up with probability frac(steps).
-        n = (steps + dither).to(tl.int32) - 1
+        down = tl.floor(steps)
+        u = _uniform_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
+                            n_cols, NB)
+        n = down.to(tl.int32) + (u < steps - down).to(tl.int32)  # up with probability frac(steps)
     else:
         # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
         # difference of the bit patterns is the number of steps.
@@ -196,25 +171,6 @@ def _quantize_store(
     tl.store(scales_ptr + rows * (n_cols // 32) + cblk, scale.to(tl.uint8), mask=ok)
 
 
-@triton.jit
-def _quantize_tile(
-    x, m0, k0, M, K,
-    codes_ptr, scales_ptr, signs_ptr, seed,
-    codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t,
-    h, c_hi, c_lo,
-    ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
-    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr,
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Quantize and store the requested orientations of the tile ``x (BLOCK_M, BLOCK_K)`` at (m0, k0) of X."""
-    if ALONG_K:
-        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h, c_hi, c_lo,
-                        BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
-    if ALONG_M:
-        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h, c_hi, c_lo,
-                        BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
-
-
 @triton.jit(do_not_specialize=["seed", "seed_t"])
 def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
@@ -223,38 +179,21 @@ def _hadamard_quantize_kernel(
     h_ptr, c_hi, c_lo,
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr,
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr,
+    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # A program quantizes up to TILES consecutive (BLOCK_M, BLOCK_K) tiles down M: H is loaded
-    # once, and each tile's load is issued before the previous tile is quantized, so a program
-    # keeps a load in flight while it computes (the kernel is issue-bound, see the module notes).
-    m_first = tl.program_id(0) * (TILES * BLOCK_M)
-    m_end = tl.minimum(M, m_first + TILES * BLOCK_M)
+    m0 = tl.program_id(0) * BLOCK_M
     k0 = tl.program_id(1) * BLOCK_K
+    offs_m = m0 + tl.arange(0, BLOCK_M)
     offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_ok = (offs_k < K)[None, :]
-    i = tl.arange(0, HS)
-    h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
-    offs_m = tl.arange(0, BLOCK_M)
-    # Pointers advance by a tile a step (64-bit arithmetic once, not per tile).
-    ptrs = x_ptr + (m_first + offs_m).to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
+    ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
-    x = tl.load(ptrs, mask=(offs_m < m_end - m_first)[:, None] & k_ok, other=0.0)
-    if TILES == 1:
-        # No loop: a loop-carried prefetch buffer would double the registers holding the tile.
-        _quantize_tile(x, m_first, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, codes_t_ptr, scales_t_ptr,
-                       signs_t_ptr, seed_t, h, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
-                       HAS_SIGNS_T, HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
-    else:
-        step = BLOCK_M * stride_m.to(tl.int64)
-        for tile in range(0, tl.cdiv(m_end - m_first, BLOCK_M)):
-            m0 = m_first + tile * BLOCK_M
-            ptrs += step
-            x_next = tl.load(ptrs, mask=(offs_m < m_end - m0 - BLOCK_M)[:, None] & k_ok, other=0.0)
-            _quantize_tile(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, codes_t_ptr, scales_t_ptr,
-                           signs_t_ptr, seed_t, h, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
-                           HAS_SIGNS_T, HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
-            x = x_next
+    x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
+    if ALONG_K:
+        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
+                        BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
+    if ALONG_M:
+        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h_ptr, c_hi, c_lo,
+                        BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
 
 
 def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
@@ -263,20 +202,12 @@ def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
                 or (kwargs["ALONG_M"] and config.kwargs["BLOCK_M"] % unit))
 
 
-# 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~135 registers, so at
-# most 3 programs of 4 warps an SM; 32 values take ~80, ~125 with the loop's prefetched tile);
-# wide along K for one orientation, square-ish for the transposing ones. TILES=1: configs of
-# 0192140 (minus the 8-warp 64-value ones, one program an SM at ~135 registers); TILES=4: the
-# prefetching loop at 32 values a thread, two of them capped at 96 registers (5 programs an SM
-# instead of 4, at a 48-byte spill on the sm_90 compile). Pruned to the Hadamard size. Kept short:
-# each config is compiled per kernel variant when the autotuner first meets it.
+# 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
+# along K for one orientation, square-ish for the transposing ones. Pruned to the Hadamard size.
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "TILES": n}, num_warps=w, maxnreg=r)
-    for bm, bk, w, n, r in ((16, 256, 4, 1, None), (32, 256, 4, 1, None), (64, 64, 4, 1, None),
-                            (64, 128, 4, 1, None), (128, 64, 4, 1, None),
-                            (16, 256, 4, 4, None), (32, 256, 8, 4, None), (16, 512, 8, 4, None),
-                            (64, 64, 4, 4, None), (64, 128, 8, 4, None),
-                            (16, 256, 4, 4, 96), (64, 64, 4, 4, 96))
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
+    for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
+                     (128, 128, 8))
 ]
 _tuned_kernel = triton.autotune(
     _GPU_CONFIGS,
@@ -406,13 +337,10 @@ def _quantize(
         if INTERPRETED:
             unit = max(BLOCK_SIZE, args["HS"])
             blocks = _interpreter_blocks(m, k, unit if along_m else BLOCK_SIZE, unit if along_k else BLOCK_SIZE)
-            # Two tiles a program where there are rows for them: tests run both the loop and TILES=1.
-            tiles = 2 if m > blocks["BLOCK_M"] else 1
-            grid = (triton.cdiv(m, tiles * blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
-            _hadamard_quantize_kernel[grid](**args, **blocks, TILES=tiles)
+            grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
+            _hadamard_quantize_kernel[grid](**args, **blocks)
         else:
-            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["TILES"] * meta["BLOCK_M"]),
-                                        triton.cdiv(k, meta["BLOCK_K"]))](**args)
+            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
 
     for out, side in ((out_k, along_k), (out_m, along_m)):
         if out is not None and side.emit_fp8:
