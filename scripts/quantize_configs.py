@@ -4,7 +4,7 @@
 
 Runs each variant of the microbenchmark (``tests/bench/test_bench_quantize.py``) once per
 activation shape, which triggers the autotuner, then prints its choice per key, so a benchmark
-result can be read against the tile shape, ``TILES``, warps and register cap that produced it.
+result can be read against the tile shape and warps that produced it.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ H200 issues 4 warp-instructions a cycle per SM (132 SMs, ~1.9 GHz): at 85% of th
 rate, with 2.53 B moved per bf16 value, the budget is ~0.73 warp-instructions a value; above it
 the kernel is issue-bound. A proxy, not a timing: the GPU benchmarks have the last word.
 
-Kernels with loops (``TILES`` row tiles a quantize program, the K loop of ``fp8_reencode``) are
-counted statically: one trip of each loop, prologue and the rarely taken general path of
-``fp8_reencode`` included, so those counts are upper bounds of the per-value work.
+Kernels with loops (the K loop of ``fp8_reencode``) are counted statically: one trip of each
+loop, prologue and the rarely taken general path included, so those counts are upper bounds of
+the per-value work.
 """
 
 from __future__ import annotations
@@ -58,9 +58,9 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
     return n * num_warps / values, int(regs.group(1)) if regs else -1
 
 
-def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, tiles=1, **flags) -> tuple[float, int]:
+def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flags) -> tuple[float, int]:
     constexprs = dict(ALONG_K=True, ALONG_M=False, HADAMARD=True, HADAMARD_T=False, HAS_SIGNS=False,
-                      HAS_SIGNS_T=False, HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k, TILES=tiles)
+                      HAS_SIGNS_T=False, HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k)
     constexprs.update(flags)
     args = {"x_ptr": dtype, "stride_m": "i32", "stride_k": 1, "M": "i32", "K": "i32",
             "codes_ptr": "*u8", "scales_ptr": "*u8", "signs_ptr": "*fp32", "seed": "i64",
