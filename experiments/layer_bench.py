@@ -13,7 +13,7 @@ Profile file, section ``layer_bench`` (every key optional):
     bench_profile: smoke | gpu     sizes (default: the file's top-level ``profile``)
     select: <pytest -k expression> a subset, e.g. "iht and q/o" (default: all)
 
-Exit status: pytest's; the file is written with whatever was measured.
+Exit status: as experiments/microbench.py (0 once any record was written; pytest's code in the provenance).
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-import yaml
 
 import microbench  # experiments/ is on sys.path when this script runs
 from adahop.provenance import write_results
@@ -51,16 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="results file")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
     args = p.parse_args(argv)
-    cfg = yaml.safe_load(args.config.read_text()) if args.config else {}
-    section = cfg.get("layer_bench") or {}
-    unknown = set(section) - {"bench_profile", "select"}
-    if unknown:
-        raise SystemExit(f"layer_bench: unknown keys in the profile's layer_bench section: {sorted(unknown)}")
-    bench_profile = args.profile or section.get("bench_profile") or cfg.get("profile") or (
-        "gpu" if torch.cuda.is_available() else "smoke")
-    if bench_profile not in microbench.PROFILES:
-        raise SystemExit(f"layer_bench: bench profile must be one of {microbench.PROFILES}, got {bench_profile!r}")
-    select = args.select if args.select is not None else section.get("select")
+    bench_profile, select = microbench.bench_settings(args, "layer_bench")
     expr = f"{TEST} and ({select})" if select else TEST
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
@@ -77,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "
               f"{r['figure']:.3g} {r['unit']} (vs {peers}; path {r['gemm_path']})")
     print(f"layer_bench: {len(recs)} records -> {args.out} (pytest exit code {rc})")
-    return rc
+    return microbench.exit_status("layer_bench", rc, len(recs))
 
 
 if __name__ == "__main__":
