@@ -64,3 +64,12 @@ def test_smoke_run_writes_results(tmp_path):
     assert set(rec["peers"]) == {"torch-vector-norm", "reference"}
     assert rec["backend"] == "reference" and rec["n_timings"] >= 3 and rec["iqr_s"] >= 0
     assert json.loads(out.read_text())["provenance"]["pytest_exit_code"] == 0
+
+
+@pytest.mark.parametrize(
+    "rc,n_records,expected",
+    [(0, 5, 0), (1, 5, 0), (1, 0, 1), (0, 0, 1), (2, 0, 2)],
+    ids=["all-passed", "some-failed-records-kept", "all-failed", "nothing-measured", "usage-error"],
+)
+def test_exit_status_keeps_measured_records(rc, n_records, expected):
+    assert microbench.exit_status("microbench", rc, n_records) == expected
