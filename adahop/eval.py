@@ -51,6 +51,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -416,21 +417,31 @@ def evaluate(
         )
     with tempfile.TemporaryDirectory(prefix="adahop-lm-eval-") as task_dir:
         write_task_configs(task_dir, tasks, data_root, corpus_dir, document_tokens)
-        results = lm_eval.simple_evaluate(
-            model=lm,
-            model_args=model_args,
-            tasks=tasks,
-            task_manager=TaskManager(include_path=task_dir, include_defaults=False),
-            limit=limit,
-            batch_size=batch_size,
-            device=device,
-            bootstrap_iters=bootstrap_iters,
-            log_samples=False,
-            random_seed=random_seed,
-            numpy_random_seed=random_seed,
-            torch_random_seed=random_seed,
-            fewshot_random_seed=random_seed,
-        )
+        try:
+            results = lm_eval.simple_evaluate(
+                model=lm,
+                model_args=model_args,
+                tasks=tasks,
+                task_manager=TaskManager(include_path=task_dir, include_defaults=False),
+                limit=limit,
+                batch_size=batch_size,
+                device=device,
+                bootstrap_iters=bootstrap_iters,
+                log_samples=False,
+                random_seed=random_seed,
+                numpy_random_seed=random_seed,
+                torch_random_seed=random_seed,
+                fewshot_random_seed=random_seed,
+            )
+        except AssertionError as err:
+            # lm-eval asserts, with no message, that every continuation fits the model's context.
+            if "max_length" not in (traceback.extract_tb(err.__traceback__)[-1].line or ""):
+                raise
+            raise ValueError(
+                f"a continuation in one of {tasks} is longer than the model's context window "
+                f"(max_length={max_length or 'from the model config'}): evaluate a model trained with a "
+                "longer seq_len, or pass a larger max_length"
+            ) from err
     missing = [t for t in tasks if t not in results.get("results", {})]
     if missing:
         raise RuntimeError(f"lm-eval returned no results for {', '.join(missing)}")

@@ -438,3 +438,9 @@ def test_calibrated_strategies_come_back_from_the_training_checkpoint(tiny, tmp_
     doc = read_results(out)
     assert {r["forward"] for r in doc["records"]} == {"adahop+calibrated"}
     assert doc["provenance"]["config"]["calibrated_from"] == str(ckpt)
+
+
+def test_context_shorter_than_a_continuation_is_a_clear_error(tiny, offline):
+    with pytest.raises(ValueError, match="longer than the model's context window"):
+        ev.evaluate(tiny["hf"], ["lambada_openai"], dtype="float32", limit=4, batch_size=2, max_length=2,
+                    bootstrap_iters=0)
