@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(s["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
     policy = get_recipe(s["policy_recipe"], **s["recipe_overrides"])
     data_dir = Path(args.data)
+    for name in s["pretrained"]:
+        study.pretrained_dir(name)  # a missing package fails here, not after the training runs
+    if s["pretrained"]:
+        next(documents(data_dir))
     records: list[dict[str, Any]] = []
     runs: dict[str, Any] = {}
     for model, recipe in itertools.product(s["models"], s["recipes"]):
