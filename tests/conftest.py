@@ -32,3 +32,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def write_corpus():
+    """``write(folder, docs, n_train, vocab_size)``: the documents as an adahop.data folder (text
+    splits, the first ``n_train`` for training, then a BPE and token shards); returns the folder."""
+    from adahop import data
+
+    def write(out, docs, n_train, vocab_size):
+        for split, part in (("train", docs[:n_train]), ("val", docs[n_train:])):
+            data.write_jsonl(out / "text" / f"{split}.jsonl",
+                             ({"id": f"{split}-{i}", "source": "grammar", "text": t} for i, t in enumerate(part)))
+        data.write_shards(out, vocab_size=vocab_size)
+        return out
+
+    return write

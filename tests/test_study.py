@@ -10,11 +10,11 @@ import torch
 import yaml
 from torch import nn
 
-from adahop import data, study
+from adahop import study
 from adahop.capture import Captured, OperandCapture, block_and_kind
 from adahop.linear import Operand, score_strategies
 from adahop.patterns import planted_outliers
-from adahop.policy import MEASURED_CANDIDATES, SLOTS, Strategy
+from adahop.policy import MEASURED_CANDIDATES, SLOTS
 from adahop.provenance import REPO_ROOT, read_results
 from adahop.recipes import get_recipe
 from adahop.train import RandomTokenBatches, TrainConfig, Trainer
@@ -264,16 +264,11 @@ def test_agreement_gap_and_measured_difference(planted):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, write_corpus):
     rng = np.random.default_rng(0)
     words = ["the", "cat", "sees", "a", "dog", "king", "holds", "red", "apple", "boat", "old", "man"]
     docs = [" ".join(rng.choice(words, size=60)) + "." for _ in range(300)]
-    out = tmp_path_factory.mktemp("corpus")
-    for split, part in (("train", docs[:270]), ("val", docs[270:])):
-        data.write_jsonl(out / "text" / f"{split}.jsonl",
-                         ({"id": f"{split}-{i}", "source": "grammar", "text": t} for i, t in enumerate(part)))
-    data.write_shards(out, vocab_size=300)
-    return out
+    return write_corpus(tmp_path_factory.mktemp("corpus"), docs, 270, 300)
 
 
 def test_script_writes_results_with_provenance(corpus, tmp_path):

@@ -14,7 +14,6 @@ import torch
 import yaml
 
 import adahop
-from adahop import data
 from adahop.model import export_hf, load_hf
 from adahop.provenance import REPO_ROOT, read_results
 from adahop.train import (
@@ -37,7 +36,7 @@ SMALL = dict(model="tiny", seq_len=64, batch_size=4, lr=3e-3, warmup_steps=2, ev
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def corpus(tmp_path_factory, write_corpus):
     """A data folder built by adahop.data from documents of a small random grammar: a 400-token
     BPE, ~40k uint16 train tokens, ~4k held out."""
     rng = np.random.default_rng(0)
@@ -46,12 +45,7 @@ def corpus(tmp_path_factory):
                                 ["the ball", "a red apple", "the sword", "some bread", "a small boat"])
     docs = [" ".join(f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(objects)}." for _ in range(10))
             for _ in range(900)]
-    out = tmp_path_factory.mktemp("corpus")
-    for split, part in (("train", docs[:810]), ("val", docs[810:])):
-        data.write_jsonl(out / "text" / f"{split}.jsonl",
-                         ({"id": f"{split}-{i}", "source": "grammar", "text": t} for i, t in enumerate(part)))
-    data.write_shards(out, vocab_size=400)
-    return out
+    return write_corpus(tmp_path_factory.mktemp("corpus"), docs, 810, 400)
 
 
 def make_trainer(corpus, out_dir, **overrides) -> Trainer:
