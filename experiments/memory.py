@@ -54,6 +54,19 @@ COMMON = {"recipes": list(RECIPES), "calibration_steps": 1, "seed": 0, "device":
 Step = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]  # forward: (output, its gradient)
 
 
+def report(r: dict[str, Any]) -> None:
+    """One line per record as it is made (a long GPU run shows where it is)."""
+    where = r.get("shape") or r.get("model")
+    peak = f", peak {r['peak_bytes'] / 2**20:.1f} MiB" if r["peak_bytes"] is not None else ""
+    ratios = ""
+    if r.get("bf16_over_saved_bytes") is not None:
+        act = r["bf16_over_saved_activation_bytes"]
+        ratios = f"; bf16/this {r['bf16_over_saved_bytes']:.2f}x saved, {act or float('nan'):.2f}x activations"
+    print(f"{r['what']:>5} {str(where):>22} {r['recipe']:>15} {r['phase']:>11}: saved "
+          f"{r['saved_bytes'] / 2**20:.2f} MiB ({r['saved_activation_bytes'] / 2**20:.2f} MiB activations)"
+          f"{ratios}{peak}", flush=True)
+
+
 def measure(module: nn.Module, forward: Step, device: torch.device) -> dict[str, Any]:
     """Saved bytes of one forward and, on CUDA, the peak memory of forward + backward."""
     cuda = device.type == "cuda"
@@ -117,6 +130,7 @@ def layer_records(s: dict[str, Any], device: torch.device) -> list[dict[str, Any
                 run_steps(layer, forward, steps)
                 recs.append({"what": "layer", "recipe": recipe, "phase": phase, "shape": [tokens, fin, fout],
                              "strategies": strategies(nn.Sequential(layer)), **measure(layer, forward, device)})
+                report(recs[-1])
             x.grad = None
     return recs
 
@@ -139,6 +153,7 @@ def model_records(s: dict[str, Any], device: torch.device) -> list[dict[str, Any
             recs.append({"what": "model", "recipe": recipe, "phase": phase, "model": s["model"],
                          "tokens": s["batch_size"] * s["seq_len"], "strategies": strategies(model),
                          **measure(model, forward, device)})
+            report(recs[-1])
         del model
     return recs
 
@@ -190,14 +205,9 @@ def main(argv: list[str] | None = None) -> int:
     recs = layer_records(s, device) + model_records(s, device)
     add_ratios(recs)
     write_results(args.out, recs, config=s, seed=s["seed"], device=device, overwrite=args.overwrite)
+    print("with ratios to bf16:")
     for r in recs:
-        where = r.get("shape") or r.get("model")
-        peak = f", peak {r['peak_bytes'] / 2**20:.1f} MiB" if r["peak_bytes"] is not None else ""
-        total, act = r["bf16_over_saved_bytes"], r["bf16_over_saved_activation_bytes"]
-        ratios = "" if total is None else f"; bf16/this {total:.2f}x saved, {act or float('nan'):.2f}x activations"
-        print(f"{r['what']:>5} {str(where):>22} {r['recipe']:>15} {r['phase']:>11}: saved "
-              f"{r['saved_bytes'] / 2**20:.2f} MiB ({r['saved_activation_bytes'] / 2**20:.2f} MiB activations)"
-              f"{ratios}{peak}")
+        report(r)
     print(f"memory: {len(recs)} records -> {args.out}")
     return 0
 

@@ -83,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--throughput-only", action="store_true", help="random tokens, timed steps, no files")
     p.add_argument("--untimed-steps", type=int, default=40, help="throughput: steps run before timing")
+    p.add_argument("--profile", type=Path, metavar="DIR",
+                   help="throughput: after the timed steps, profile 3 more (torch.profiler) and write "
+                        "DIR/profile_<model>_<recipe>.txt, the kernels and ops by GPU time")
     p.add_argument("--vocab-size", type=int, help=f"throughput without --data (default {REFERENCE_VOCAB})")
     args = p.parse_args(argv)
     if not args.throughput_only and (args.data is None or args.out is None):
@@ -133,6 +136,23 @@ def run_training(args: argparse.Namespace) -> None:
     print(f"pretrain: {name}: val loss {record['final_val_loss']}, {record['tokens_per_s']:,.0f} tokens/s -> {results}")
 
 
+PROFILE_STEPS = 3
+
+
+def profile_steps(trainer: Trainer, path: Path) -> None:
+    """Run the trainer's remaining steps under torch.profiler; write ops and kernels by GPU time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        trainer.run()
+    sort = "cuda_time_total" if trainer.device.type == "cuda" else "cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort, row_limit=60, max_name_column_width=90)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"{PROFILE_STEPS} training steps, {trainer.tokens_per_step} tokens each\n{table}\n")
+    print(f"profile: -> {path}")
+
+
 def run_throughput(args: argparse.Namespace) -> None:
     info, device = init_distributed(args.device)
     recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
@@ -141,12 +161,17 @@ def run_throughput(args: argparse.Namespace) -> None:
     for recipe in recipes:
         base = resolve_config(args, recipe=recipe)
         timed = base.steps
-        cfg = dataclasses.replace(base, steps=args.untimed_steps + timed, eval_interval=0, checkpoint_interval=0,
-                                  log_interval=1, max_tokens=None)
+        extra = PROFILE_STEPS if args.profile else 0
+        cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + extra, eval_interval=0,
+                                  checkpoint_interval=0, log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
         trainer = Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress)
         trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
-        history = trainer.run()[args.untimed_steps:]
+        history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
+        if args.profile and info.is_main:
+            profile_steps(trainer, args.profile / f"profile_{cfg.model}_{recipe}.txt")
+        elif args.profile:
+            trainer.run()
         seconds = sum(trainer.tokens_per_step / r["tokens_per_s"] for r in history)
         tps = len(history) * trainer.tokens_per_step / seconds
         records.append({
