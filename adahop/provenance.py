@@ -67,10 +67,13 @@ def provenance(
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """The provenance object stamped on every results file."""
-    status = _git("status", "--porcelain", "--untracked-files=no")
-    # A copy of the tree without .git (a GPU machine) is told its commit through the environment.
-    commit = _git("rev-parse", "HEAD") or os.environ.get("ADAHOP_GIT_COMMIT")
-    dirty = bool(status) if status is not None else _env_flag("ADAHOP_GIT_DIRTY")
+    # A copy of the tree sent to a GPU machine is told its commit through the environment, and that
+    # wins over git: such a copy can carry a stale .git (one from before the commits it holds).
+    commit = os.environ.get("ADAHOP_GIT_COMMIT") or _git("rev-parse", "HEAD")
+    dirty = _env_flag("ADAHOP_GIT_DIRTY")
+    if dirty is None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = bool(status) if status is not None else None
     return {
         "git_commit": commit,
         "git_dirty": dirty,

@@ -55,3 +55,11 @@ def test_non_results_file_is_rejected(tmp_path):
     path.write_text(json.dumps({"records": []}))
     with pytest.raises(ValueError, match="not a results file"):
         read_results(path)
+
+
+def test_commit_from_environment_wins_over_git(tmp_path, monkeypatch):
+    # A GPU machine's copy of the tree can hold a stale .git; the commit it was told is the truth.
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", "0" * 40)
+    monkeypatch.setenv("ADAHOP_GIT_DIRTY", "0")
+    prov = write_results(tmp_path / "r.json", [{"a": 1}])["provenance"]
+    assert prov["git_commit"] == "0" * 40 and prov["git_dirty"] is False
