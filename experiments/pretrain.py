@@ -157,7 +157,11 @@ def run_throughput(args: argparse.Namespace) -> None:
     info, device = init_distributed(args.device)
     recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
     vocab_size = read_vocab_size(args.data) if args.data else (args.vocab_size or REFERENCE_VOCAB)
-    records, configs = [], {}
+    records: list[dict[str, Any]] = []
+    # One file config for the whole command, so the write after each recipe replaces this run's own
+    # partial file (same config) while a file of another configuration is refused.
+    file_config = {"throughput_only": True, "untimed_steps": args.untimed_steps, "vocab_size": vocab_size,
+                   "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
     for recipe in recipes:
         base = resolve_config(args, recipe=recipe)
         timed = base.steps
@@ -190,20 +194,18 @@ def run_throughput(args: argparse.Namespace) -> None:
             "flops_per_token": trainer.flops_per_token,
             "peak_mem_gib": max(r["peak_mem_gib"] for r in history),
             "final_loss": history[-1]["loss"],
+            "config": dataclasses.asdict(cfg),
         })
-        configs[recipe] = dataclasses.asdict(cfg)
         if info.is_main:
             r = records[-1]
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
             print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB")
+            # After each recipe: a run cut short keeps what it measured.
+            write_results(args.results, records, config=file_config, seed=cfg.seed, device=device)
         del trainer, batches
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-    if info.is_main:
-        write_results(args.results, records, config={"throughput_only": True, "untimed_steps": args.untimed_steps,
-                                                     "vocab_size": vocab_size, "runs": configs},
-                      seed=configs[recipes[0]]["seed"], device=device)
 
 
 def main(argv: list[str] | None = None) -> int:

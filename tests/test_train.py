@@ -15,7 +15,7 @@ import yaml
 
 import adahop
 from adahop.model import export_hf, load_hf
-from adahop.provenance import REPO_ROOT, read_results
+from adahop.provenance import REPO_ROOT, ResultsConflict, read_results
 from adahop.train import (
     DistInfo,
     NonFiniteLossError,
@@ -178,14 +178,36 @@ def test_cli_writes_run_dir_hf_export_and_results(corpus, profile, tmp_path):
     assert torch.isfinite(model(ids)[0]).all()
 
 
-def test_cli_throughput_only(profile, tmp_path):
+def test_cli_throughput_only(profile, tmp_path, monkeypatch):
     results = tmp_path / "throughput.json"
-    load_script().main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--recipe", "bf16",
-                        "--vocab-size", "512", "--untimed-steps", "2", "--steps", "3", "--results", str(results),
-                        "--device", "cpu", "--no-progress"])
+    args = ["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "512",
+            "--untimed-steps", "2", "--steps", "3", "--results", str(results), "--device", "cpu", "--no-progress",
+            "--profile", str(tmp_path / "prof")]
+    script = load_script()
+    # The file is written after each recipe: a run cut short after the first keeps its record.
+    real = script.Trainer
+    calls = []
+
+    def cut_after_first(*a, **k):
+        calls.append(1)
+        if len(calls) > 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(script, "Trainer", cut_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        script.main([*args, "--recipe", "bf16,mxfp4"])
     (record,) = read_results(results)["records"]
     assert record["recipe"] == "bf16" and record["timed_steps"] == 3 and record["tokens_per_s"] > 0
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
+    assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
+    assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()
+    # The same command again completes and replaces its own file; another configuration is refused.
+    monkeypatch.setattr(script, "Trainer", real)
+    script.main([*args, "--recipe", "bf16,mxfp4"])
+    assert [r["recipe"] for r in read_results(results)["records"]] == ["bf16", "mxfp4"]
+    with pytest.raises(ResultsConflict):
+        script.main([*args, "--recipe", "bf16"])
 
 
 class Halves:
