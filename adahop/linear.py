@@ -511,7 +511,8 @@ class QuantLinear(nn.Linear):
             self.micro += 1
         with torch.autocast(device_type, enabled=False):
             y = QuantLinearFunction.apply(xp, w, b, plan)
-        return y[:tokens].reshape(*lead, self.out_features)
+        # Slice only when padded: a no-op slice still costs a zero-filled gradient and a copy in backward.
+        return (y[:tokens] if pad else y).reshape(*lead, self.out_features)
 
     # -- calibration
 

@@ -26,7 +26,7 @@ for s in "$@"; do
       timeout 280 python3 experiments/layer_bench.py --config config/gpu.yaml --out "$OUT/layers.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     memory)
       stage memory
-      timeout 330 python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
+      timeout 540 python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
     throughput125|throughput125-eager)
       stage "$s"
       c=compile; [ "$s" = throughput125-eager ] && c=no-compile
