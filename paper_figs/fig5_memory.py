@@ -7,7 +7,8 @@ Reads results/memory/<profile>/memory.json (experiments/memory.py): records with
 else null) and ``bf16_over_saved_activation_bytes`` (the compression against BF16).
 
 Panels: saved activations of each layer shape; their compression against BF16 (layers and the
-model); the model's saved activations and peak memory.
+model); each layer's peak memory against BF16 (``bf16_over_peak_bytes``: below 1, the recipe's
+transient copies make its peak higher than BF16's); the model's saved activations and peak memory.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
     recs = common.records(docs, ["what", "recipe", "phase", "saved_activation_bytes", "peak_bytes",
-                                         "bf16_over_saved_activation_bytes"])
+                                         "bf16_over_saved_activation_bytes", "bf16_over_peak_bytes"])
     recs["label"] = [label(r) for r in recs.itertuples()]
     order = [lab for recipe in common.recipe_order(recs["recipe"]) for lab in dict.fromkeys(recs.loc[recs["recipe"] == recipe, "label"])]
     layers = recs[recs["what"] == "layer"].copy()
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     model["where"] = [f"model {m} ({int(t)} tokens)" for m, t in zip(model["model"], model["tokens"])]
 
     common.style()
-    fig, axes = plt.subplots(1, 3, figsize=(17, 0.9 + 0.42 * len(order) * 1.6), sharey=True)
+    fig, axes = plt.subplots(1, 4, figsize=(22, 0.9 + 0.42 * len(order) * 1.6), sharey=True)
     ax = axes[0]
     sns.barplot(data=layers.assign(mib=layers["saved_activation_bytes"] / MIB), y="label", x="mib", hue="where",
                 order=order, ax=ax)
@@ -65,6 +66,18 @@ def main(argv: list[str] | None = None) -> None:
     below(ax, "layer shape or model")
 
     ax = axes[2]
+    peaks = layers.dropna(subset=["bf16_over_peak_bytes"])
+    if peaks.empty:
+        ax.text(0.5, 0.5, "peak not measured (CUDA only)", ha="center", va="center", transform=ax.transAxes)
+    else:
+        sns.barplot(data=peaks, y="label", x="bf16_over_peak_bytes", hue="where", order=order, ax=ax)
+        ax.axvline(1, color="black", linewidth=0.8, linestyle="--")
+        below(ax, "layer shape")
+    ax.set_xlabel("bf16 peak / recipe peak (×; below 1: higher peak than bf16)")
+    ax.set_ylabel("")
+    ax.set_title("one linear layer: peak memory of fwd + bwd against BF16")
+
+    ax = axes[3]
     melted = model.melt(id_vars=["label"], value_vars=["saved_activation_bytes", "peak_bytes"], var_name="kind", value_name="bytes")
     melted = melted.dropna(subset=["bytes"]).assign(mib=lambda d: d["bytes"].astype(float) / MIB)
     melted["kind"] = melted["kind"].map({"saved_activation_bytes": "saved activations", "peak_bytes": "peak (fwd + bwd)"})
