@@ -4,16 +4,21 @@ Every result is a JSON object ``{"provenance": {...}, "records": [...]}``. The p
 the git commit and dirty flag, library versions, the device, the resolved config, the seed and
 the date. Writes are atomic (temp file + rename), and a rerun never silently replaces a file
 written for a different configuration: that needs ``overwrite=True``.
+
+A path ending in ``.json.gz`` holds the same JSON text gzip-compressed (for stages whose results
+are large); the gzip header's mtime is 0, so rewriting the same document gives the same bytes.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import gzip
 import json
 import os
 import platform
 import subprocess
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -98,20 +103,36 @@ class ResultsConflict(RuntimeError):
     """A results file exists for a different configuration."""
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temp file in the same folder and a rename."""
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temp file in the same folder and a rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` through a temp file in the same folder and a rename."""
+    atomic_write_bytes(path, text.encode())
+
+
+def is_compressed(path: str | os.PathLike) -> bool:
+    """Whether ``path`` names a gzip-compressed results file (``*.json.gz``)."""
+    return Path(path).name.endswith(".json.gz")
+
+
+def _load(path: Path) -> Any:
+    """The JSON document in ``path``, decompressed when it is a ``.json.gz`` file."""
+    data = path.read_bytes()
+    return json.loads(gzip.decompress(data) if is_compressed(path) else data)
 
 
 def write_results(
@@ -125,6 +146,7 @@ def write_results(
 ) -> dict[str, Any]:
     """Write ``{"provenance", "records"}`` to ``path`` atomically and return it.
 
+    ``path`` ending in ``.json.gz``: the JSON text gzip-compressed (mtime 0); else plain JSON.
     An existing file written with a different ``config`` raises :class:`ResultsConflict` unless
     ``overwrite``; one with the same config is replaced (a rerun of the same experiment).
     """
@@ -132,8 +154,8 @@ def write_results(
     config = json.loads(json.dumps(config or {}, default=str))
     if path.exists() and not overwrite:
         try:
-            old = json.loads(path.read_text()).get("provenance", {}).get("config")
-        except (json.JSONDecodeError, AttributeError):
+            old = _load(path).get("provenance", {}).get("config")
+        except (ValueError, AttributeError, gzip.BadGzipFile, EOFError, zlib.error):  # not JSON / gzip, cut short
             raise ResultsConflict(f"{path} exists and is not a results file; refusing to replace it") from None
         if old != config:
             raise ResultsConflict(
@@ -143,13 +165,14 @@ def write_results(
     if extra_provenance:
         prov.update(extra_provenance)
     doc = {"provenance": prov, "records": list(records)}
-    atomic_write_text(path, json.dumps(doc, indent=1, default=str) + "\n")
+    text = (json.dumps(doc, indent=1, default=str) + "\n").encode()
+    atomic_write_bytes(path, gzip.compress(text, mtime=0) if is_compressed(path) else text)
     return doc
 
 
 def read_results(path: str | os.PathLike) -> dict[str, Any]:
-    """Load a results file, checking it follows the convention."""
-    doc = json.loads(Path(path).read_text())
+    """Load a results file (``.json`` or ``.json.gz``), checking it follows the convention."""
+    doc = _load(Path(path))
     if not isinstance(doc, dict) or "provenance" not in doc or not isinstance(doc.get("records"), list):
         raise ValueError(f"{path} is not a results file (needs 'provenance' and a 'records' list)")
     return doc

@@ -1,7 +1,7 @@
 """The outlier-pattern study: capture every linear layer's operands, label them, score each strategy.
 
     experiments/patterns.py --config config/<profile>.yaml --data data/<corpus> \\
-        --out results/patterns/<profile>/patterns.json \\
+        --out results/patterns/<profile>/patterns.json.gz \\
         [--models tiny,30m] [--recipes bf16,mxfp4] [--capture-steps 1,10,20,30] [--steps N] \\
         [--max-tokens 256] [--pretrained all-minilm-l6-v2|none] [--pretrained-batches N] \\
         [--pretrained-batch-size B] [--seed S] [--outlier-k K | --outlier-fraction F] [--overwrite]
@@ -13,7 +13,8 @@ backward of a contrastive loss on pairs of adjacent passages of the corpus's hel
 (:func:`adahop.study.pair_contrastive_loss`), one capture point per batch. Every captured layer is
 analysed by :func:`adahop.study.layer_records` (labels, pattern pairs, per-strategy GEMM error,
 table and measured picks). The results file holds those records and the summaries of
-:func:`adahop.study.summarize`; the log prints them as Markdown tables.
+:func:`adahop.study.summarize` (``--out`` ending in ``.json.gz``: gzip-compressed, as the workflow
+writes it; they run to megabytes); the log prints them as Markdown tables.
 
 Settings: DEFAULTS below < the profile's ``patterns`` section < flags. ``train`` holds
 :class:`adahop.train.TrainConfig` fields over the profile's ``pretrain`` section (``steps`` defaults
@@ -62,7 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="profile YAML (its 'patterns' and 'pretrain' sections)")
     p.add_argument("--data", required=True, help="corpus directory (train.bin, val.bin, meta.json, text/val.jsonl)")
-    p.add_argument("--out", required=True, help="results JSON")
+    p.add_argument("--out", required=True, help="results file (.json.gz: gzip-compressed JSON, or .json)")
     p.add_argument("--models", help="comma-separated model sizes")
     p.add_argument("--recipes", help="comma-separated training recipes")
     p.add_argument("--capture-steps", help="comma-separated 1-based steps")

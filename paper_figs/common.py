@@ -3,7 +3,7 @@
 Each figure script is called as::
 
     python paper_figs/<figure>.py [--config config/<profile>.yaml] --out paper_figs/out/<profile>/<figure> \\
-        results/<stage>/<profile>/*.json
+        results/<stage>/<profile>/*.json[.gz]
 
 and writes ``<out>.png`` and ``<out>.pdf``. It reads only the results files it is given (plus,
 for figure 6, the paper's numbers that ``adahop/paper_reference.yaml`` cites); the PNG carries
@@ -34,7 +34,7 @@ def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=doc.strip().split("\n\n")[0])
     p.add_argument("--config", help="profile YAML; its figures section sets the PNG resolution")
     p.add_argument("--out", required=True, type=Path, help="output path without suffix: writes <out>.png and <out>.pdf")
-    p.add_argument("results", nargs="+", type=Path, help="results JSON files (results/<stage>/<profile>/*.json)")
+    p.add_argument("results", nargs="+", type=Path, help="results files (results/<stage>/<profile>/*.json or *.json.gz)")
     args = p.parse_args(argv)
     args.dpi = DEFAULT_DPI
     if args.config:

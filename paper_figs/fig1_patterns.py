@@ -1,6 +1,6 @@
 """Figure 1: outlier pattern of every layer's operands (x, w, grad_output) over training.
 
-Reads results/patterns/<profile>/patterns.json (experiments/patterns.py): its ``operand`` records
+Reads results/patterns/<profile>/patterns.json.gz (experiments/patterns.py): its ``operand`` records
 carry ``source`` (``train`` or ``pretrained``), ``model``, ``recipe``, ``step`` (the capture
 point: the optimizer step of a training run, the batch of a pretrained model), ``layer`` and the
 detector's ``label`` (``row``, ``col`` or ``none``) of ``operand`` (``x``, ``w``, ``g``).

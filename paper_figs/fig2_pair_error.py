@@ -1,6 +1,6 @@
 """Figure 2: GEMM output error of each strategy for each pattern pair.
 
-Reads results/patterns/<profile>/patterns.json (experiments/patterns.py): its ``gemm`` records
+Reads results/patterns/<profile>/patterns.json.gz (experiments/patterns.py): its ``gemm`` records
 give, for every captured layer, capture point and GEMM (``fwd``, ``dgrad``, ``wgrad``), the
 operands' pattern ``pair`` (A-B), and per ``strategy`` (``mxfp4``, ``iht``, ``iht+oe-left``,
 ``iht+oe-right``, ``bf16``) the relative Frobenius error of the output against the fp64 product;

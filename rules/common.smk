@@ -4,6 +4,7 @@ Layout for a profile P (``config["profile"]``):
     data/<corpus.name>/                      corpus and tokenizer (git-ignored)
     runs/P/<model>_<recipe>_s<seed>/         checkpoints and metrics (git-ignored)
     results/<stage>/P/*.json                 machine-written results with provenance
+                                             (*.json.gz for the stages in COMPRESSED_STAGES)
     paper_figs/out/P/fig*.png|pdf            the figures
     logs/P/<rule>/*.log                      one log per job (git-ignored)
 """
@@ -93,8 +94,14 @@ def stage_input(path):
     return ancient(path) if COMMITTED else path
 
 
+# Stages whose results are large (megabytes of per-layer records) write gzip-compressed JSON
+# (adahop.provenance reads and writes both): the tree sent to a GPU machine must stay small.
+COMPRESSED_STAGES = ("patterns",)
+
+
 def results_path(stage, name):
-    return f"results/{stage}/{PROFILE}/{name}.json"
+    suffix = ".json.gz" if stage in COMPRESSED_STAGES else ".json"
+    return f"results/{stage}/{PROFILE}/{name}{suffix}"
 
 
 def log_path(rule, name="job"):

@@ -1,6 +1,7 @@
 # The outlier-pattern study: operands of every linear layer captured over short training runs
 # (and a package-shipped pretrained model), labelled row/col/none per GEMM orientation, and the
 # output error of each strategy per pattern pair. Its runs take the pretrain section's settings.
+# Its results are megabytes of per-layer records: gzip-compressed JSON (COMPRESSED_STAGES, common.smk).
 
 
 rule patterns:

@@ -118,7 +118,7 @@ def eval_results(work, profile, corpus, pretrain_results) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def patterns_results(work, profile, corpus) -> list[Path]:
-    results = work / "results" / "patterns" / "patterns.json"
+    results = work / "results" / "patterns" / "patterns.json.gz"  # as the workflow writes it
     run_main(script("patterns"), "--config", profile, "--data", corpus, "--out", results)
     return [results]
 

@@ -1,10 +1,15 @@
 """Results files: provenance, atomic writes, no silent overwrite of another configuration."""
 
+import gzip
 import json
 
 import pytest
 
+import adahop.provenance as provenance_module
 from adahop.provenance import ResultsConflict, read_results, write_results
+
+# Every behaviour of a results file holds for plain and for gzip-compressed JSON.
+suffixes = pytest.mark.parametrize("suffix", [".json", ".json.gz"], ids=["json", "json-gz"])
 
 
 def test_write_results_carries_provenance(tmp_path):
@@ -19,15 +24,17 @@ def test_write_results_carries_provenance(tmp_path):
     assert prov["versions"]["torch"]
 
 
-def test_rerun_with_same_config_replaces(tmp_path):
-    path = tmp_path / "r.json"
+@suffixes
+def test_rerun_with_same_config_replaces(tmp_path, suffix):
+    path = tmp_path / f"r{suffix}"
     write_results(path, [{"v": 1}], config={"a": 1})
     write_results(path, [{"v": 2}], config={"a": 1})
     assert read_results(path)["records"] == [{"v": 2}]
 
 
-def test_different_config_is_refused_and_file_kept(tmp_path):
-    path = tmp_path / "r.json"
+@suffixes
+def test_different_config_is_refused_and_file_kept(tmp_path, suffix):
+    path = tmp_path / f"r{suffix}"
     write_results(path, [{"v": 1}], config={"a": 1})
     with pytest.raises(ResultsConflict, match="different configuration"):
         write_results(path, [{"v": 2}], config={"a": 2})
@@ -36,8 +43,9 @@ def test_different_config_is_refused_and_file_kept(tmp_path):
     assert read_results(path)["records"] == [{"v": 2}]
 
 
-def test_failed_write_leaves_old_file_and_no_temp(tmp_path):
-    path = tmp_path / "r.json"
+@suffixes
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path, suffix):
+    path = tmp_path / f"r{suffix}"
     write_results(path, [{"v": 1}], config={})
 
     class Unserialisable:
@@ -47,7 +55,7 @@ def test_failed_write_leaves_old_file_and_no_temp(tmp_path):
     with pytest.raises(RuntimeError, match="boom"):
         write_results(path, [{"v": Unserialisable()}], config={})
     assert read_results(path)["records"] == [{"v": 1}]
-    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 
 def test_non_results_file_is_rejected(tmp_path):
@@ -63,3 +71,56 @@ def test_commit_from_environment_wins_over_git(tmp_path, monkeypatch):
     monkeypatch.setenv("ADAHOP_GIT_DIRTY", "0")
     prov = write_results(tmp_path / "r.json", [{"a": 1}])["provenance"]
     assert prov["git_commit"] == "0" * 40 and prov["git_dirty"] is False
+
+
+# --------------------------------------------------------------------------- gzip-compressed (.json.gz)
+
+
+@pytest.fixture
+def fixed_provenance(monkeypatch):
+    """Provenance without a clock: two writes of the same records are the same document."""
+    monkeypatch.setattr(provenance_module, "provenance",
+                        lambda config, seed, device: {"git_commit": "0" * 40, "config": config, "seed": seed})
+
+
+def test_json_gz_round_trip_is_gzip_of_the_plain_json(tmp_path, fixed_provenance):
+    records = [{"layer": f"blocks.{i}.mlp", "rel_error": 0.1 * i, "labels": ["row", "none"]} for i in range(50)]
+    gz, plain = tmp_path / "r.json.gz", tmp_path / "r.json"
+    doc = write_results(gz, records, config={"a": 1}, seed=0)
+    write_results(plain, records, config={"a": 1}, seed=0)
+    data = gz.read_bytes()
+    assert data[:2] == b"\x1f\x8b"  # gzip magic
+    assert gzip.decompress(data) == plain.read_bytes()  # the same JSON text inside
+    assert read_results(gz) == read_results(plain) == doc
+    assert len(data) < plain.stat().st_size
+
+
+def test_json_gz_rerun_is_byte_identical(tmp_path, fixed_provenance):
+    path = tmp_path / "r.json.gz"
+    write_results(path, [{"v": 1.5}], config={"a": 1}, seed=0)
+    first = path.read_bytes()
+    write_results(path, [{"v": 1.5}], config={"a": 1}, seed=0)
+    assert path.read_bytes() == first
+    assert first[4:8] == b"\0\0\0\0"  # gzip header mtime
+
+
+@pytest.mark.parametrize("content", [b'{"provenance": {}, "records": []}', b"\x1f\x8b\x08\x00garbage"],
+                         ids=["plain-json-named-gz", "corrupt-gzip"])
+def test_json_gz_that_is_not_gzip_json_is_refused(tmp_path, content):
+    path = tmp_path / "r.json.gz"
+    path.write_bytes(content)
+    with pytest.raises(ResultsConflict, match="not a results file"):
+        write_results(path, [{"v": 1}], config={})
+    assert path.read_bytes() == content
+    with pytest.raises((OSError, EOFError)):
+        read_results(path)
+
+
+def test_truncated_json_gz_is_refused(tmp_path):
+    path = tmp_path / "r.json.gz"
+    write_results(path, [{"v": i} for i in range(1000)], config={})
+    cut = path.read_bytes()[:-20]
+    path.write_bytes(cut)
+    with pytest.raises(ResultsConflict, match="not a results file"):
+        write_results(path, [{"v": 1}], config={})
+    assert path.read_bytes() == cut

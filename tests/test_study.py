@@ -280,8 +280,9 @@ def test_script_writes_results_with_provenance(corpus, tmp_path):
                             "pretrained": []}}
     config = tmp_path / "profile.yaml"
     config.write_text(yaml.safe_dump(profile))
-    out = tmp_path / "patterns.json"
+    out = tmp_path / "patterns.json.gz"
     assert script.main(["--config", str(config), "--data", str(corpus), "--out", str(out)]) == 0
+    assert out.read_bytes()[:2] == b"\x1f\x8b"  # gzip, as the workflow's path asks
     doc = read_results(out)
     prov = doc["provenance"]
     assert prov["git_commit"] and prov["config"]["patterns"]["capture_steps"] == [1, 2]

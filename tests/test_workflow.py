@@ -7,6 +7,7 @@ what a test sees.
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -167,13 +168,40 @@ def results_of(workflow: Path, name: str) -> list[str]:
     return sorted({line.split("\t")[0] for line in out.stdout.splitlines() if line.startswith("results/")})
 
 
+def write_empty_results(path: Path) -> None:
+    """An empty results file at ``path``, gzip-compressed when it ends in ``.json.gz``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps({"provenance": {}, "records": []}).encode()
+    path.write_bytes(gzip.compress(text, mtime=0) if path.name.endswith(".json.gz") else text)
+
+
+@needs_all_scripts
+def test_pattern_study_results_are_compressed_and_other_stages_plain(workflow):
+    paths = results_of(workflow, "gpu")
+    compressed = [p for p in paths if p.endswith(".gz")]
+    plain = [p for p in paths if p.endswith(".json")]
+    assert compressed == ["results/patterns/gpu/patterns.json.gz"]
+    assert {p.split("/")[1] for p in plain} == {"corpus", "microbench", "layer_bench", "memory", "pretrain", "eval"}
+
+
+def test_committed_pattern_results_are_all_compressed():
+    # One convention within the stage: every committed file under results/patterns/ is gzip JSON.
+    tracked = subprocess.run(["git", "ls-files", "results/patterns"], cwd=ROOT, capture_output=True, text=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout")
+    paths = tracked.stdout.split()
+    assert all(p.endswith(".json.gz") for p in paths), paths
+    for path in paths:
+        with open(ROOT / path, "rb") as f:
+            assert f.read(2) == b"\x1f\x8b", path
+
+
 @needs_all_scripts
 def test_committed_gpu_results_redraw_figures_only(workflow):
     # A fresh clone of committed GPU results: results present, no data/, no checkpoints, no
     # snakemake metadata, and scripts and profiles stamped *after* the results (git's order).
     for path in results_of(workflow, "gpu"):
-        (workflow / path).parent.mkdir(parents=True, exist_ok=True)
-        (workflow / path).write_text(json.dumps({"provenance": {}, "records": []}))
+        write_empty_results(workflow / path)
     later = time.time() + 60
     for path in [*workflow.joinpath("experiments").glob("*.py"), *workflow.joinpath("config").glob("*.yaml")]:
         os.utime(path, (later, later))
@@ -198,8 +226,7 @@ def test_committed_mode_names_a_missing_results_file(workflow):
 @needs_all_scripts
 def test_committed_mode_draws_one_figure_whose_results_are_there(workflow):
     for path in ("results/microbench/gpu/kernels.json", "results/layer_bench/gpu/layers.json"):
-        (workflow / path).parent.mkdir(parents=True, exist_ok=True)
-        (workflow / path).write_text(json.dumps({"provenance": {}, "records": []}))
+        write_empty_results(workflow / path)
     out = snakemake(workflow, "-n", "paper_figs/out/gpu/fig4_throughput.png", "--configfile", "config/gpu.yaml",
                     "--workflow-profile", "profiles/committed")
     assert out.returncode == 0, out.output[-3000:]
