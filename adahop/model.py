@@ -144,7 +144,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        y = self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        if torch.is_autocast_enabled(y.device.type):
+            # Every consumer is a linear layer that autocast casts its input for: casting here gives
+            # the same values once, inside the norm's (compiled) kernel, instead of a separate pass
+            # per consumer — three for q/k/v, two for gate/up — forward and backward, wherever a
+            # converted layer is a graph break.
+            y = y.to(torch.get_autocast_dtype(y.device.type))
+        return y
 
 
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:

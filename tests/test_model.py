@@ -14,6 +14,7 @@ from adahop.model import (
     REFERENCE_VOCAB,
     Llama,
     LlamaConfig,
+    RMSNorm,
     config_from_hf,
     export_hf,
     load_hf,
@@ -185,3 +186,16 @@ def test_forward_rejects_bad_inputs():
         model(torch.zeros(1, 8))
     with pytest.raises(ValueError, match="targets"):
         model(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 7, dtype=torch.long))
+
+
+def test_rmsnorm_under_autocast_gives_what_the_linear_would_cast_to():
+    norm = RMSNorm(64, 1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 64)
+    plain = norm(x)
+    assert plain.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cast = norm(x)
+    assert cast.dtype == torch.bfloat16
+    assert torch.equal(cast, plain.to(torch.bfloat16))
