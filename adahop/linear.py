@@ -20,7 +20,9 @@ Saved for backward (counted by :class:`SavedTensorMeter`): X quantized along tok
 parameter, or autocast's bf16 cast) when ``dgrad`` is ``bf16`` or OE-left, and during ``measured``
 calibration a BF16 sample of ``measure_tokens`` rows of X. With ``recipe.weight_for_backward =
 "param"`` nothing of W is saved: the backward quantizes it again from the parameter (one more read
-of W; the same values, since the draw's seed is the forward's).
+of W; the same values, since the draw's seed is the forward's). Sibling layers reading one input
+(q/k/v, gate/up) whose specs for X give the same result share one quantization and one saved copy
+of X (:class:`SharedInputQuantization`), as a fused projection would.
 
 Rounding: forward operands RNE; grad_output by ``recipe.grad_rounding`` (SR by default); the saved
 copies by ``recipe.saved_rounding``. Every SR draw and random-sign vector has its own seed derived
@@ -117,6 +119,53 @@ def _quantize_dual(
         rounding=along_last.rounding, seed=along_last.seed if along_last.rounding == "sr" else None,
         emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_first,
     )
+
+
+def _spec_key(spec: "QuantSpec | None") -> tuple | None:
+    """What a quantization's result depends on: the SR seed only when it rounds stochastically."""
+    if spec is None:
+        return None
+    return spec.hadamard, spec.rounding, spec.seed if spec.rounding == "sr" else None, spec.signs_seed, spec.hadamard_size
+
+
+class SharedInputQuantization:
+    """Quantize a forward input once for the sibling layers that read it (q/k/v, gate/up).
+
+    Sibling layers get the same tensor (the norm's output). When the next layer quantizes that same
+    tensor — same storage, offset, shape, strides, dtype and in-place version — with specs that give
+    the same result (:func:`_spec_key`), it gets the copies already made: the same values, one read
+    of X instead of three, and one saved MXFP4 copy of X for backward instead of three, as a fused
+    QKV projection would have. The last source is held (so its memory cannot be reused under a
+    matching key) until the next input replaces it or a backward starts. ``enabled = False`` turns
+    it off.
+    """
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.src: torch.Tensor | None = None
+        self.out: tuple[MXFP4Tensor | None, MXFP4Tensor | None] | None = None
+
+    def quantize(
+        self, x: torch.Tensor, along_last: "QuantSpec | None", along_first: "QuantSpec | None", emit_fp8: bool
+    ) -> tuple[MXFP4Tensor | None, MXFP4Tensor | None]:
+        if not self.enabled:
+            return _quantize_dual(x, along_last, along_first, emit_fp8)
+        key = (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
+               x._version, _spec_key(along_last), _spec_key(along_first), emit_fp8)
+        if key == self.key and self.src is not None and self.src.untyped_storage().data_ptr() == key[0]:
+            return self.out
+        self.clear()  # drop the old copies before making new ones
+        self.out = _quantize_dual(x, along_last, along_first, emit_fp8)
+        self.key, self.src = key, x
+        return self.out
+
+    def clear(self) -> None:
+        self.key = self.src = self.out = None
+
+
+shared_input = SharedInputQuantization()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -338,7 +387,7 @@ class QuantLinearFunction(torch.autograd.Function):
         fwd_a, fwd_b = plan.specs["fwd"]
         keep_x = plan.specs["wgrad"][1] if plan.need_backward else None
         keep_w = plan.specs["dgrad"][1] if plan.need_backward and plan.weight is None else None
-        xq, xq_t = _quantize_dual(x, fwd_a, keep_x, plan.emit_fp8)
+        xq, xq_t = shared_input.quantize(x, fwd_a, keep_x, plan.emit_fp8)
         wq, wq_t = _quantize_dual(w, fwd_b, keep_w, plan.emit_fp8)
         y = strategy_mm(s["fwd"], Operand(x, q=xq), Operand(w, q=wq), k=k, out_dtype=x.dtype, emit_fp8=plan.emit_fp8)
         if bias is not None:
@@ -364,6 +413,7 @@ class QuantLinearFunction(torch.autograd.Function):
     def backward(ctx, gy: torch.Tensor):
         plan = ctx.plan
         s, k = plan.strategies, plan.k
+        shared_input.clear()  # the forward is over: its last input need not outlive it
         xc, xs, wc, ws, w_full, xo_idx, xo_rows, wo_idx, wo_rows, sample_idx, x_sample = ctx.saved_tensors
         g = gy.contiguous()
         if plan.weight is not None:  # weight_for_backward="param": W again, in the forward's dtype

@@ -187,6 +187,64 @@ def test_no_grad_forward_saves_nothing_and_matches():
     assert torch.equal(y0, layer(x.requires_grad_()))
 
 
+class Siblings(nn.Module):
+    """q/k/v-like layers reading one input."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(64, n, bias=False) for n in (64, 32, 32))
+
+    def forward(self, x):
+        return torch.cat([self.q(x), self.k(x), self.v(x)], -1)
+
+
+# uniform-iht / mxfp4: one spec for X in every layer -> quantized once. quartet-style: the copy of X
+# kept for wgrad has per-layer SR seeds and random signs; with random signs on every slot and RNE
+# everywhere, only the signs differ: each layer quantizes its own.
+@pytest.mark.parametrize("recipe, overrides, x_quantizations", [
+    ("uniform-iht", {}, 1), ("mxfp4", {}, 1), ("quartet-style", {}, 3),
+    ("uniform-iht", {"random_signs": ["fwd", "dgrad", "wgrad"], "grad_rounding": "rne", "saved_rounding": "rne"}, 3),
+])
+def test_sibling_layers_share_the_quantization_of_their_input(recipe, overrides, x_quantizations, monkeypatch):
+    from adahop import linear
+
+    x = torch.randn(96, 64, requires_grad=True)
+    gy = torch.randn(96, 128)
+
+    def run(enabled):
+        monkeypatch.setattr(linear.SharedInputQuantization, "enabled", enabled)
+        calls, real = [], linear._quantize_dual
+
+        def counting(t, *a, **k):
+            calls.append(t.data_ptr() == x.data_ptr())
+            return real(t, *a, **k)
+
+        monkeypatch.setattr(linear, "_quantize_dual", counting)
+        torch.manual_seed(0)
+        m = adahop.convert(Siblings(), recipe, **overrides)
+        x.grad = None
+        y = m(x)
+        y.backward(gy)
+        return sum(calls), [y, x.grad, *(p.grad for p in m.parameters())]
+
+    n_shared, shared = run(True)
+    n_alone, alone = run(False)
+    assert (n_shared, n_alone) == (x_quantizations, 3)
+    for a, b in zip(shared, alone):
+        assert torch.equal(a, b)  # the same values, bit for bit
+
+
+def test_shared_input_is_requantized_after_an_in_place_change():
+    a, b = (adahop.convert(nn.Linear(64, 64), "uniform-iht") for _ in range(2))
+    x = torch.randn(64, 64)
+    with torch.no_grad():
+        a(x)
+        x.mul_(2)  # same storage, shape and strides: only its version tells
+        y = b(x)
+        adahop.linear.shared_input.clear()
+        assert torch.equal(y, b(x))
+
+
 # ---- shapes, dtypes, autocast, bad input
 
 
