@@ -484,10 +484,15 @@ def results_to_records(results: Mapping[str, Any], limit: int | None = None, **l
 # --------------------------------------------------------------------------- paper reference
 
 _REFERENCE_KEYS = ("model", "recipe", "task", "metric", "value", "where")
+_CLAIM_KEYS = ("claim", "value", "where")
 
 
 def load_paper_reference(path: str | os.PathLike = PAPER_REFERENCE) -> list[dict[str, Any]]:
-    """The paper's reported numbers (``entries`` of the reference YAML), each checked."""
+    """The paper's reported numbers (``entries`` of the reference YAML), each checked.
+
+    The optional ``efficiency`` list (the paper's headline efficiency claims, ``claim, value,
+    where``; for the README, not for tables) is checked by the same rule and not returned.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"paper reference file not found: {path}")
@@ -503,6 +508,17 @@ def load_paper_reference(path: str | os.PathLike = PAPER_REFERENCE) -> list[dict
             raise ValueError(f"{path}: entry {i} value must be a number or null, got {e['value']!r}")
         if not e["where"]:
             raise ValueError(f"{path}: entry {i} must cite where in the paper the number stands")
+    claims = doc.get("efficiency") or []
+    if not isinstance(claims, list):
+        raise ValueError(f"{path}: 'efficiency' must be a list")
+    for i, c in enumerate(claims):
+        missing = [k for k in _CLAIM_KEYS if k not in c] if isinstance(c, dict) else list(_CLAIM_KEYS)
+        if missing:
+            raise ValueError(f"{path}: efficiency claim {i} lacks {', '.join(missing)}")
+        if c["value"] is not None and _number(c["value"]) is None:
+            raise ValueError(f"{path}: efficiency claim {i} value must be a number or null, got {c['value']!r}")
+        if not c["where"]:
+            raise ValueError(f"{path}: efficiency claim {i} must cite where in the paper it stands")
     return entries
 
 

@@ -335,6 +335,20 @@ def test_project_paper_reference_is_valid_and_cites_its_source():
     doc = yaml.safe_load(ev.PAPER_REFERENCE.read_text())
     assert "2604.02525" in doc["source"]
     assert all(e["where"] for e in entries)
+    assert all(c["where"] for c in doc.get("efficiency") or [])
+
+
+def test_paper_reference_efficiency_claims_are_checked_and_kept_out_of_entries(tmp_path):
+    path = tmp_path / "ref.yaml"
+    claim = {"claim": "memory compression over BF16", "value": 3.6, "where": "Abstract"}
+    path.write_text(yaml.safe_dump({"entries": [], "efficiency": [claim]}))
+    assert ev.load_paper_reference(path) == []
+    for bad, match in [({"claim": "c", "value": 1.0}, "lacks where"),
+                       ({"claim": "c", "value": "fast", "where": "T1"}, "number or null"),
+                       ({"claim": "c", "value": 1.0, "where": ""}, "cite")]:
+        path.write_text(yaml.safe_dump({"entries": [], "efficiency": [bad]}))
+        with pytest.raises(ValueError, match=match):
+            ev.load_paper_reference(path)
 
 
 @pytest.mark.parametrize(
