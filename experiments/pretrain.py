@@ -12,11 +12,12 @@ loss, tokens, tokens/s, MFU, peak memory, loss curve). Several GPUs:
 ``torchrun --standalone --nproc_per_node=2 experiments/pretrain.py ...`` (same arguments;
 ``--batch-size`` is per GPU).
 
-Throughput (random tokens, no eval, no files but the results)::
+Throughput (random tokens, no eval, no files but the results; rules/throughput.smk runs each run
+of the profile's ``throughput`` section this way)::
 
     python experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \\
-        --recipe bf16,adahop --seq-len 2048 --batch-size 32 --compile --steps 30 \\
-        --results results/pretrain/throughput_125m.json
+        --recipe bf16,adahop --seq-len 2048 --batch-size 32 --compile --steps 20 \\
+        --results results/throughput/gpu/<run>.json
 
 runs ``--untimed-steps`` (default 40: compilation, warm-up and a recipe's 30 calibration steps)
 and then ``--steps`` timed steps for each recipe in turn, in the same process, so every recipe is

@@ -108,9 +108,10 @@ def log_path(rule, name="job"):
     return f"logs/{PROFILE}/{rule}/{name}.log"
 
 
-def script_cmd(script, *args):
-    """The shell command of a stage: its script, the profile file, the script's args, the log."""
-    return " ".join(["python", script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
+def script_cmd(script, *args, launcher="python"):
+    """The shell command of a stage: its script, the profile file, the script's args, the log.
+    ``launcher`` runs the script (e.g. a torchrun command line for a job over several GPUs)."""
+    return " ".join([launcher, script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
 
 
 def results_inputs(paths):

@@ -14,6 +14,7 @@ FIGURE_INPUTS = {
     "fig4_throughput": [results_path("microbench", "kernels"), results_path("layer_bench", "layers")],
     "fig5_memory": [results_path("memory", "memory")],
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
+    "fig7_e2e_throughput": [results_path("throughput", name) for name in THROUGHPUT],
 }
 # Read beside the results: the paper's own numbers, each citing its table.
 FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # H200 campaign in pieces that fit one device call (10 minutes). Usage:
 #   bash scripts/h200_campaign.sh STAGE [STAGE ...]
-# Stages: tests, microbench, layers, memory, throughput125, throughput125-eager, throughput1b, profile125,
-#         ddp125 (2 GPUs).
+# Stages: tests, microbench, layers, memory, and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
+#         throughput section (125m_compile, 125m_eager, 125m_compile_ddp2 on 2 GPUs, 1b_compile): the command
+#         rules/throughput.smk runs, writing $OUT/RUN.json; profile-RUN also writes torch.profiler tables of
+#         3 more steps per recipe ($OUT/profile_<model>_<recipe>.txt). A run is stopped after
+#         THROUGHPUT_TIMEOUT_S (default 560) and keeps the recipes it finished (the 2026-11-30 campaign
+#         took 1-2 min per 125m recipe: 125m_compile's seven may not fit one call).
 # Run two stage lists side by side on a 2-GPU machine with CUDA_VISIBLE_DEVICES=0 / =1.
-# Each stage writes one results file (or log) under $OUT; the lead copies them into results/<stage>/gpu/.
+# Each stage writes one results file (or log) under $OUT; the lead copies them into results/<stage>/gpu/
+# (a throughput run's RUN.json and the profile tables into results/throughput/gpu/).
 # Set ADAHOP_GIT_COMMIT / ADAHOP_GIT_DIRTY: the device's copy of the tree has no .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,27 +32,25 @@ for s in "$@"; do
     memory)
       stage memory
       timeout 540 python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
-    throughput125|throughput125-eager)
+    throughput-*|profile-*)
       stage "$s"
-      c=compile; [ "$s" = throughput125-eager ] && c=no-compile
-      timeout 280 python3 experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \
-        --recipe bf16,mxfp4,adahop --seq-len 2048 --batch-size 32 --$c --steps 30 --device cuda --no-progress \
-        --results "$OUT/throughput_125m_$c.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
-    throughput1b)
-      stage throughput1b
-      timeout 300 python3 experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 1b \
-        --recipe bf16,adahop --seq-len 2048 --batch-size 8 --compile --steps 20 --device cuda --no-progress \
-        --results "$OUT/throughput_1b.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
-    profile125)
-      stage profile125
-      timeout 240 python3 experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \
-        --recipe bf16,adahop --seq-len 2048 --batch-size 32 --compile --steps 10 --device cuda --no-progress \
-        --profile "$OUT" --results "$OUT/throughput_125m_profiled.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
-    ddp125)
-      stage ddp125
-      timeout 280 torchrun --standalone --nproc_per_node=2 experiments/pretrain.py --config config/gpu.yaml \
-        --throughput-only --model 125m --recipe bf16,adahop --seq-len 2048 --batch-size 32 --compile --steps 20 \
-        --device cuda --no-progress --results "$OUT/throughput_125m_ddp2.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
+      run=${s#*-}
+      extra=(); [ "${s%%-*}" = profile ] && extra=(--profile "$OUT")
+      # The run's launcher and settings from the profile, as rules/throughput.smk builds them.
+      cmd=$(python3 - "$run" <<'PY'
+import sys, yaml
+p = yaml.safe_load(open("config/gpu.yaml"))
+r = {r["name"]: r for r in p["throughput"]}[sys.argv[1]]
+n = r["world_size"]
+print("python3" if n == 1 else f"torchrun --standalone --nproc_per_node={n}", "experiments/pretrain.py",
+      "--config config/gpu.yaml --throughput-only --model", r["model"], "--recipe", ",".join(r["recipes"]),
+      "--compile" if r["compile"] else "--no-compile", "--batch-size", r["batch_size"], "--seq-len", r["seq_len"],
+      "--steps", r["steps"], "--untimed-steps", r["untimed_steps"], "--vocab-size", p["corpus"]["vocab_size"])
+PY
+) || { echo "no throughput run $run in config/gpu.yaml" | tee -a "$LOG"; continue; }
+      # shellcheck disable=SC2086  # $cmd is words without spaces inside
+      timeout "${THROUGHPUT_TIMEOUT_S:-560}" $cmd --device cuda --no-progress "${extra[@]}" \
+        --results "$OUT/$run.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
     *) echo "unknown stage $s" >&2; exit 2 ;;
   esac
 done

@@ -3,8 +3,9 @@
 The results files are produced here (in a temporary folder, never under results/) by calling each
 experiments/ script's ``main`` in this process with a tiny profile: pretraining (2 recipes × 2
 seeds, 3 steps), lm-eval (2 documents of one task plus the corpus perplexity), the pattern study
-(2 capture points), memory, and one kernel and one layer benchmark. So a figure script that no
-longer reads what its stage writes fails here, not in `snakemake all`.
+(2 capture points), memory, one kernel and one layer benchmark, and end-to-end throughput (a CPU
+run beside a GPU run without bf16 made from it). So a figure script that no longer reads what its
+stage writes fails here, not in `snakemake all`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import yaml
 from PIL import Image
 
 from adahop import data
-from adahop.provenance import read_results
+from adahop.provenance import read_results, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, one thread
@@ -140,6 +141,23 @@ def bench_results(work, profile) -> list[Path]:
     return [kernels, layers]
 
 
+@pytest.fixture(scope="module")
+def throughput_results(work, profile) -> list[Path]:
+    """A CPU run of the real script (bf16 and mxfp4: MFU null), and a 2-GPU run without bf16 made
+    from its records (a GPU cannot be measured here)."""
+    cpu = work / "results" / "throughput" / "tiny_cpu.json"
+    run_main(script("pretrain"), "--config", profile, "--throughput-only", "--model", "tiny", "--recipe", "bf16,mxfp4",
+             "--untimed-steps", 1, "--steps", 2, "--vocab-size", 256, "--device", "cpu", "--no-progress",
+             "--results", cpu)
+    doc = read_results(cpu)
+    gpu = work / "results" / "throughput" / "tiny_ddp2_no_bf16.json"
+    records = [{**doc["records"][1], "recipe": recipe, "world_size": 2, "mfu": mfu, "peak_mem_gib": gib}
+               for recipe, mfu, gib in (("mxfp4", 0.2, 3.0), ("adahop", 0.15, 3.5))]
+    device = {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0", "count": 2, "memory_gib": 139.8}
+    write_results(gpu, records, config=doc["provenance"]["config"], extra_provenance={"device": device})
+    return [cpu, gpu]
+
+
 FIGURES = {
     "fig1_patterns": "patterns_results",
     "fig2_pair_error": "patterns_results",
@@ -147,6 +165,7 @@ FIGURES = {
     "fig4_throughput": "bench_results",
     "fig5_memory": "memory_results",
     "fig6_lm_eval": "eval_results",
+    "fig7_e2e_throughput": "throughput_results",
 }
 
 
@@ -161,6 +180,27 @@ def test_figure_script_draws_png_and_pdf_from_its_stage_results(figure, request,
     with Image.open(png) as img:
         assert img.format == "PNG" and min(img.size) > 300
         assert img.info["Source"] == ", ".join(str(p) for p in results)
+
+
+def test_e2e_throughput_figure_has_no_ratio_without_bf16_and_no_mfu_on_cpu(work, profile, throughput_results,
+                                                                          monkeypatch):
+    figure = load(ROOT / "paper_figs" / "fig7_e2e_throughput.py")
+    drawn = {}
+
+    def keep(fig, args, docs):  # the panels as drawn, instead of files
+        drawn["panels"] = [([p.get_width() for p in ax.patches], [t.get_text() for t in ax.texts]) for ax in fig.axes]
+
+    monkeypatch.setattr(figure.common, "save", keep)
+    figure.main(["--out", str(work / "out" / "fig7_inspected"), *map(str, throughput_results)])
+    (ratio, ratio_texts), (mfu, mfu_texts), (memory, _) = drawn["panels"]
+    cpu, gpu = (read_results(p)["records"] for p in throughput_results)
+    # Ratios only for the run with bf16, against its own bf16; the other run's rows say why not.
+    assert ratio == pytest.approx([1.0, cpu[1]["tokens_per_s"] / cpu[0]["tokens_per_s"]])
+    assert sum("no bf16 record in this run: no ratio" in t for t in ratio_texts) == len(gpu)
+    # MFU only for the GPU run (in %); the CPU run's rows say why not.
+    assert mfu == pytest.approx([100 * r["mfu"] for r in gpu])
+    assert sum("n/a" in t and "CPU" in t for t in mfu_texts) == len(cpu)
+    assert memory == pytest.approx([r["peak_mem_gib"] for r in cpu + gpu])
 
 
 def test_figure_script_refuses_results_of_another_stage(work, profile, memory_results):

@@ -25,7 +25,7 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 WORKFLOW_FILES = ("Snakefile", "rules", "config", "profiles", "experiments", "paper_figs", "tests/bench",
                   "adahop/paper_reference.yaml")
 PROFILES = ("smoke", "gpu")
-STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "eval")
+STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "throughput", "eval")
 GPU_RULES = ("microbench", "layer_bench", "memory", "patterns", "pretrain", "eval")
 # The one lint left on purpose: software comes from setup.sh's virtual environment (README), not
 # from a conda environment or container per rule.
@@ -93,8 +93,43 @@ def test_dry_run_resolves_every_stage(workflow, name):
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
     n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
-    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "figure": 6,
-                      "all": 1}
+    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "figure": 7,
+                      "throughput": len(profile(name)["throughput"]), "all": 1}
+
+
+def shell_commands(out: str) -> list[str]:
+    """The shell commands a dry run prints (printshellcmds, profiles/default)."""
+    return re.findall(r"^Shell command: (.+)$", out, re.M)
+
+
+@needs_all_scripts
+@pytest.mark.parametrize("name", PROFILES)
+def test_throughput_runs_call_torchrun_only_for_several_processes(workflow, name):
+    out = snakemake(workflow, "-n", "all", "--configfile", f"config/{name}.yaml")
+    assert out.returncode == 0, out.output[-3000:]
+    commands = {re.search(r"--results (\S+)", c)[1]: c for c in shell_commands(out.output) if "--throughput-only" in c}
+    runs = profile(name)["throughput"]
+    assert sorted(commands) == sorted(f"results/throughput/{name}/{run['name']}.json" for run in runs)
+    for run in runs:
+        command = commands[f"results/throughput/{name}/{run['name']}.json"]
+        n = run["world_size"]
+        launcher = f"torchrun --standalone --nproc_per_node={n} " if n > 1 else "python "
+        assert command.startswith(launcher + "experiments/pretrain.py --config "), command
+        assert ("torchrun" in command) == (n > 1)
+        for arg in (f"--model {run['model']}", f"--recipe {','.join(run['recipes'])}", f"--steps {run['steps']}",
+                    f"--untimed-steps {run['untimed_steps']}", f"--batch-size {run['batch_size']}",
+                    f"--seq-len {run['seq_len']}", "--compile" if run["compile"] else "--no-compile",
+                    f"--vocab-size {profile(name)['corpus']['vocab_size']}", "--no-progress"):
+            assert f"{arg} " in command, (arg, command)
+
+
+def test_repeated_throughput_run_names_are_refused(workflow):
+    bad = profile("smoke")
+    bad["throughput"].append(dict(bad["throughput"][0]))
+    (workflow / "config" / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/bad.yaml")
+    assert out.returncode != 0
+    assert "the throughput runs' names repeat" in out.output
 
 
 @needs_all_scripts
@@ -108,6 +143,11 @@ def test_slurm_profile_gives_every_gpu_stage_one_gpu(workflow):
         assert block and "gres=gpu:1" in block[1], f"rule {rule} has no GPU in the Slurm profile"
     corpus = re.search(r"^rule corpus:\n(.*?)^\s*$", text, re.M | re.S)
     assert "gres" not in corpus[1]
+    # A throughput run asks for its world_size in GPUs (the rule's gpu resource, --gpus=N).
+    blocks = {re.search(r"output: (\S+)", b[1])[1]: b[1] for b in re.finditer(r"^rule throughput:\n(.*?)^\s*$", text, re.M | re.S)}
+    for run in profile("gpu")["throughput"]:
+        block = blocks[f"results/throughput/gpu/{run['name']}.json"]
+        assert "slurm_partition=gpu" in block and re.search(rf"\bgpu={run['world_size']}\b", block), block
 
 
 # --------------------------------------------------------------------------- config
@@ -130,8 +170,11 @@ def test_profile_validates_against_the_schema(name):
         (lambda c: c["pretrain"].update(stpes=10), "stpes"),
         (lambda c: c["eval"].update(limit=0), "limit"),
         (lambda c: c.pop("figures"), "figures"),
+        (lambda c: c["throughput"][0].update(world_size=0), "world_size"),
+        (lambda c: c["throughput"][0].pop("untimed_steps"), "untimed_steps"),
     ],
-    ids=["unknown-recipe", "misspelt-key", "limit-zero", "missing-section"],
+    ids=["unknown-recipe", "misspelt-key", "limit-zero", "missing-section", "throughput-no-processes",
+         "throughput-run-incomplete"],
 )
 def test_bad_profile_is_refused_naming_the_problem(workflow, edit, named):
     bad = profile("smoke")
@@ -181,7 +224,8 @@ def test_pattern_study_results_are_compressed_and_other_stages_plain(workflow):
     compressed = [p for p in paths if p.endswith(".gz")]
     plain = [p for p in paths if p.endswith(".json")]
     assert compressed == ["results/patterns/gpu/patterns.json.gz"]
-    assert {p.split("/")[1] for p in plain} == {"corpus", "microbench", "layer_bench", "memory", "pretrain", "eval"}
+    assert {p.split("/")[1] for p in plain} == {"corpus", "microbench", "layer_bench", "memory", "pretrain", "throughput",
+                                                "eval"}
 
 
 def test_committed_pattern_results_are_all_compressed():
@@ -209,7 +253,7 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
     committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert committed.returncode == 0, committed.output[-3000:]
     # The figures and the eval table (both cheap, from the results alone) are redrawn; no stage runs.
-    assert job_counts(committed.output) == {"figure": 6, "eval_table": 1, "figures": 1}
+    assert job_counts(committed.output) == {"figure": 7, "eval_table": 1, "figures": 1}
 
     # Without the switch the newer scripts would send every GPU stage to this machine.
     rerun = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml")
@@ -231,6 +275,38 @@ def test_committed_mode_draws_one_figure_whose_results_are_there(workflow):
                     "--workflow-profile", "profiles/committed")
     assert out.returncode == 0, out.output[-3000:]
     assert job_counts(out.output) == {"figure": 1}
+
+
+@needs_all_scripts
+def test_committed_profile_finds_the_committed_gpu_throughput_files(workflow):
+    # Every run of the gpu profile has its committed file under the name the rule writes.
+    paths = [f"results/throughput/gpu/{run['name']}.json" for run in profile("gpu")["throughput"]]
+    missing = [p for p in paths if not (ROOT / p).exists()]
+    assert not missing, f"no committed results for {missing}"
+    target = ("paper_figs/out/gpu/fig7_e2e_throughput.png", "--configfile", "config/gpu.yaml",
+              "--workflow-profile", "profiles/committed")
+    out = snakemake(workflow, "-n", *target)
+    assert out.returncode != 0 and all(p in out.output for p in paths), out.output[-3000:]
+    for path in paths:
+        (workflow / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / path, workflow / path)
+    out = snakemake(workflow, "-n", *target)
+    assert out.returncode == 0, out.output[-3000:]
+    assert job_counts(out.output) == {"figure": 1}
+
+
+def test_campaign_runs_the_throughput_commands_of_the_rule(workflow):
+    # scripts/h200_campaign.sh builds a run's command from config/gpu.yaml itself (the GPU machine
+    # has no snakemake): it must stay the rule's command, before the arguments each adds.
+    script = (ROOT / "scripts" / "h200_campaign.sh").read_text()
+    builder = re.search(r"<<'PY'\n(.*?)\nPY\n", script, re.S)[1]
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml")
+    rule = {re.search(r"--results results/throughput/gpu/(\S+)\.json", c)[1]: c
+            for c in shell_commands(out.output) if "--throughput-only" in c}
+    for run in profile("gpu")["throughput"]:
+        campaign = subprocess.run([sys.executable, "-", run["name"]], input=builder, cwd=ROOT, capture_output=True,
+                                  text=True, check=True).stdout.strip()
+        assert rule[run["name"]].startswith(re.sub(r"^python3 ", "python ", campaign) + " "), (campaign, rule[run["name"]])
 
 
 # --------------------------------------------------------------------------- schema vs scripts

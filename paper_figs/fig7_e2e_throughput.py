@@ -1,0 +1,142 @@
+"""Figure 7: end-to-end training throughput per recipe — speed against BF16, MFU, peak memory.
+
+Reads results/throughput/<profile>/<run>.json (experiments/pretrain.py --throughput-only, one file
+per run of the profile's ``throughput`` section). Each record is one recipe measured in that run's
+process: ``model``, ``world_size``, ``batch_size`` (per rank), ``seq_len``, ``compile``,
+``timed_steps``, ``tokens_per_s`` (all ranks), ``mfu`` (null on a CPU: no peak FLOP/s) and
+``peak_mem_gib`` (CUDA: ``max_memory_allocated`` of rank 0; CPU: the process's peak resident set).
+
+Panels, one group of bars per run (file), one bar per recipe: tokens/s as a ratio to the bf16
+record of the same file (timed in the same process; a run without bf16 gets no ratio, and says
+so), MFU, and peak memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import matplotlib.pyplot as plt
+import pandas as pd
+
+import common
+
+REQUIRED = ("model", "recipe", "world_size", "batch_size", "seq_len", "compile", "timed_steps", "tokens_per_s",
+            "mfu", "peak_mem_gib")
+HEADER_ROWS = 1.4  # a run's two-line heading takes this many bar rows
+GAP_ROWS = 0.5  # blank rows between runs
+
+
+class Row(NamedTuple):
+    y: float
+    label: str
+    record: Any  # a record (itertuples row), or None for a run's heading
+    bf16_tokens_per_s: float | None  # the same run's bf16 tokens/s
+
+
+def short(value: float) -> str:
+    """493253 -> '493k', 1.2e6 -> '1.2M'."""
+    for scale, suffix in ((1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g}{suffix}"
+    return f"{value:.3g}"
+
+
+def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
+    """Run name and commit, then model, mode, where, tokens per rank and the steps timed."""
+    prov = doc["provenance"]
+    commit = str(prov.get("git_commit") or "unknown commit")[:7] + (" dirty" if prov.get("git_dirty") else "")
+    first = recs.iloc[0]
+    n = int(first["world_size"])
+    cuda = (prov.get("device") or {}).get("type") == "cuda"
+    where = f"{n} GPU{'s' if n > 1 else ''}" if cuda else f"CPU, {n} process{'es' if n > 1 else ''}"
+    untimed = (prov.get("config") or {}).get("untimed_steps", "?")
+    return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit})\n"
+            f"{first['model']}, {'compiled' if first['compile'] else 'eager'}, {where}, "
+            f"{int(first['batch_size'])}×{int(first['seq_len'])} tokens/rank, "
+            f"{int(first['timed_steps'])} steps timed after {untimed}")
+
+
+def layout(docs: list[dict[str, Any]], recs: pd.DataFrame) -> list[Row]:
+    """The rows from top to bottom: each run's heading, then its recipes in the registry's order."""
+    rows, y = [], 0.0
+    for doc in docs:
+        run = recs[recs["path"] == doc["path"]]
+        if run.empty:
+            continue
+        run = run.set_index("recipe").loc[common.recipe_order(run["recipe"])].reset_index()
+        bf16 = float(run.loc[run["recipe"] == "bf16", "tokens_per_s"].iloc[0]) if (run["recipe"] == "bf16").any() else None
+        rows.append(Row(y + (HEADER_ROWS - 1) / 2, heading(doc, run), None, bf16))
+        y += HEADER_ROWS
+        for rec in run.itertuples():
+            rows.append(Row(y, rec.recipe, rec, bf16))
+            y += 1
+        y += GAP_ROWS
+    return rows
+
+
+def bars(ax, rows: list[Row], value, text, note: str) -> None:
+    """One bar per recipe row of ``value(row)``, labelled ``text(row, value)``; ``note`` (its
+    ``{tps}``: the row's tokens/s) where the value is None."""
+    palette = common.recipe_palette()
+    drawn = [(row, value(row)) for row in rows if row.record is not None]
+    values = [v for _, v in drawn if v is not None]
+    for row, v in drawn:
+        if v is None:
+            ax.text(0.01, row.y, note.format(tps=short(row.record.tokens_per_s)), transform=ax.get_yaxis_transform(),
+                    va="center", fontsize="small", color="dimgray", style="italic")
+            continue
+        ax.barh(row.y, v, height=0.8, color=palette.get(row.label, "gray"))
+        ax.text(v + 0.01 * max(values), row.y, text(row, v), va="center", fontsize="small",
+                bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})  # over the bf16 line
+    if values:
+        ax.set_xlim(0, 1.45 * max(values))  # room for the labels
+    else:
+        ax.set_xticks([])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = common.parse_args(__doc__, argv)
+    docs = common.load(args.results)
+    recs = common.records(docs, REQUIRED)
+    rows = layout(docs, recs)
+
+    common.style()
+    height = rows[-1].y + 1 if rows else 1
+    fig, axes = plt.subplots(1, 3, figsize=(17, 1.6 + 0.3 * height), sharey=True,
+                             gridspec_kw={"width_ratios": [1.3, 1, 1]})
+    ax = axes[0]
+    bars(ax, rows, lambda r: r.record.tokens_per_s / r.bf16_tokens_per_s if r.bf16_tokens_per_s else None,
+         lambda r, v: f"{v:.2f}× · {short(r.record.tokens_per_s)} tok/s",
+         "{tps} tokens/s; no bf16 record in this run: no ratio")
+    with_bf16 = [r.y for r in rows if r.record is not None and r.bf16_tokens_per_s]  # bf16 = 1, within those runs
+    ax.vlines([1] * len(with_bf16), [y - 0.5 for y in with_bf16], [y + 0.5 for y in with_bf16], color="black",
+              linestyle="--", linewidth=0.8)
+    ax.set_title("tokens/s against bf16 of the same run (dashed: bf16)")
+    ax.set_xlabel("speed-up over bf16 (×; labels: tokens/s over all ranks)")
+
+    ax = axes[1]
+    bars(ax, rows, lambda r: None if pd.isna(r.record.mfu) else 100 * r.record.mfu, lambda r, v: f"{v:.1f}%",
+         "n/a (no peak FLOP/s: CPU)")
+    ax.set_title("model FLOPs utilisation")
+    ax.set_xlabel("MFU (% of the device's dense bf16 peak)")
+
+    ax = axes[2]
+    bars(ax, rows, lambda r: r.record.peak_mem_gib, lambda r, v: f"{v:.3g}", "")
+    ax.set_title("peak memory of the timed steps")
+    ax.set_xlabel("GiB (CUDA: allocated, rank 0; CPU: process peak RSS)")
+
+    axes[0].set_yticks([r.y for r in rows], [r.label for r in rows])
+    for tick, row in zip(axes[0].get_yticklabels(), rows):
+        if row.record is None:
+            tick.set_fontweight("bold")
+    axes[0].set_ylim(height - 0.3, -0.9)
+    for ax in axes:
+        ax.grid(axis="y", visible=False)
+    fig.suptitle(f"End-to-end training throughput per recipe — {common.device_label(docs)} "
+                 "(random tokens; every run's recipes timed in one process after its untimed steps)")
+    common.save(fig, args, docs)
+
+
+if __name__ == "__main__":
+    main()
