@@ -1,14 +1,21 @@
 # Source on a GPU machine that has torch/triton but no network and no `pip install -e`:
 #   . scripts/device_env.sh
 # Makes `adahop` and `adahop_kernels` importable from this checkout (kernels/ is imported under
-# that name, as pyproject.toml maps it) and installs carried wheels (.whl/, e.g. torchao) if any.
+# that name, as pyproject.toml maps it) and installs the carried wheels, if any, of the folders in
+# ADAHOP_WHEEL_DIRS (default ".whl .whl_eval": torchao; lm-eval and its missing dependencies).
 ADAHOP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _adahop_site=${ADAHOP_SITE:-/tmp/adahop_site}
 mkdir -p "$_adahop_site"
 ln -sfn "$ADAHOP_ROOT/kernels" "$_adahop_site/adahop_kernels"
-if compgen -G "$ADAHOP_ROOT/.whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$_adahop_site/wheels" "$ADAHOP_ROOT"/.whl/*.whl
+_adahop_wheels=()
+for _d in ${ADAHOP_WHEEL_DIRS-.whl .whl_eval}; do
+  for _w in "$ADAHOP_ROOT/$_d"/*.whl; do
+    [ -f "$_w" ] && _adahop_wheels+=("$_w")
+  done
+done
+if [ ${#_adahop_wheels[@]} -gt 0 ]; then
+  PIP_ROOT_USER_ACTION=ignore python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$_adahop_site/wheels" "${_adahop_wheels[@]}"
 fi
 export PYTHONPATH="$ADAHOP_ROOT:$_adahop_site:$_adahop_site/wheels${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1

