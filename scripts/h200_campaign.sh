@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200 campaign in pieces that fit one device call (10 minutes). Usage:
 #   bash scripts/h200_campaign.sh STAGE [STAGE ...]
-# Stages: tests, microbench, layers, memory, and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
+# Stages: tests, microbench, layers, memory, patterns (the gpu profile's pattern study: needs data/carry/full
+#         carried), and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
 #         throughput section (125m_compile, 125m_eager, 125m_compile_ddp2 on 2 GPUs, 1b_compile): the command
 #         rules/throughput.smk runs, writing $OUT/RUN.json; profile-RUN also writes torch.profiler tables of
 #         3 more steps per recipe ($OUT/profile_<model>_<recipe>.txt). A run is stopped after
@@ -33,6 +34,12 @@ for s in "$@"; do
     memory)
       stage memory
       timeout 540 python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
+    patterns)
+      stage patterns
+      [ -f data/full/train.bin ] || python3 experiments/build_corpus.py --from-bundle data/carry/full --out data/full \
+        2>&1 | tail -3 | tee -a "$LOG"
+      timeout "${PATTERNS_TIMEOUT_S:-540}" python3 experiments/patterns.py --config config/gpu.yaml --data data/full \
+        --out "$OUT/patterns.json.gz" --device cuda 2>&1 | tail -20 | tee -a "$LOG" ;;
     throughput-*|profile-*)
       stage "$s"
       run=${s#*-}
