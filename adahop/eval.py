@@ -487,6 +487,22 @@ _REFERENCE_KEYS = ("model", "recipe", "task", "metric", "value", "where")
 _CLAIM_KEYS = ("claim", "value", "where")
 
 
+def _cited_list(doc: dict, key: str, what: str, keys: tuple[str, ...], path: Path) -> list[dict[str, Any]]:
+    """``doc[key]`` checked: a list of dicts with ``keys``, a numeric or null ``value``, a ``where``."""
+    items = doc.get(key) or []
+    if not isinstance(items, list):
+        raise ValueError(f"{path}: '{key}' must be a list")
+    for i, e in enumerate(items):
+        missing = [k for k in keys if k not in e] if isinstance(e, dict) else list(keys)
+        if missing:
+            raise ValueError(f"{path}: {what} {i} lacks {', '.join(missing)}")
+        if e["value"] is not None and _number(e["value"]) is None:
+            raise ValueError(f"{path}: {what} {i} value must be a number or null, got {e['value']!r}")
+        if not e["where"]:
+            raise ValueError(f"{path}: {what} {i} must cite where in the paper it stands")
+    return items
+
+
 def load_paper_reference(path: str | os.PathLike = PAPER_REFERENCE) -> list[dict[str, Any]]:
     """The paper's reported numbers (``entries`` of the reference YAML), each checked.
 
@@ -497,28 +513,8 @@ def load_paper_reference(path: str | os.PathLike = PAPER_REFERENCE) -> list[dict
     if not path.is_file():
         raise FileNotFoundError(f"paper reference file not found: {path}")
     doc = yaml.safe_load(path.read_text()) or {}
-    entries = doc.get("entries") or []
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: 'entries' must be a list")
-    for i, e in enumerate(entries):
-        missing = [k for k in _REFERENCE_KEYS if k not in e] if isinstance(e, dict) else list(_REFERENCE_KEYS)
-        if missing:
-            raise ValueError(f"{path}: entry {i} lacks {', '.join(missing)}")
-        if e["value"] is not None and _number(e["value"]) is None:
-            raise ValueError(f"{path}: entry {i} value must be a number or null, got {e['value']!r}")
-        if not e["where"]:
-            raise ValueError(f"{path}: entry {i} must cite where in the paper the number stands")
-    claims = doc.get("efficiency") or []
-    if not isinstance(claims, list):
-        raise ValueError(f"{path}: 'efficiency' must be a list")
-    for i, c in enumerate(claims):
-        missing = [k for k in _CLAIM_KEYS if k not in c] if isinstance(c, dict) else list(_CLAIM_KEYS)
-        if missing:
-            raise ValueError(f"{path}: efficiency claim {i} lacks {', '.join(missing)}")
-        if c["value"] is not None and _number(c["value"]) is None:
-            raise ValueError(f"{path}: efficiency claim {i} value must be a number or null, got {c['value']!r}")
-        if not c["where"]:
-            raise ValueError(f"{path}: efficiency claim {i} must cite where in the paper it stands")
+    entries = _cited_list(doc, "entries", "entry", _REFERENCE_KEYS, path)
+    _cited_list(doc, "efficiency", "efficiency claim", _CLAIM_KEYS, path)
     return entries
 
 
