@@ -27,8 +27,9 @@
 #                    recipes run eager, the faster on one H200 (125m, 32 x 2048; compiled/eager
 #                    tokens/s): bf16 493k/303k, adahop 182k/204k, mxfp4 156k/221k
 #                    (results/throughput/gpu/125m_{compile,compile-d93b1cc,eager}.json); tseng
-#                    127k/143k, quartet-style 95k/102k, uniform-iht ~198k both (measured in a later
-#                    session, not in results/ yet). Eager also skips ~60 s of compiling.
+#                    127k/143k, quartet-style 95k/102k, uniform-iht ~198k both (log lines of a run cut
+#                    before its results file: results/logs/h200-2026-11-30/call3-others-output.txt).
+#                    Eager also skips ~60 s of compiling.
 #   DEADLINE_S       seconds from the start by which everything is done (default 570, for a 600 s call)
 #   EVAL_RESERVE_S   seconds kept for export + lm-eval (default 210); training is stopped (timeout)
 #                    at DEADLINE_S - EVAL_RESERVE_S, and then no eval runs
