@@ -83,6 +83,10 @@ ACTIVATION_SHAPES = {
         ("llama3-8b-mlp-16k", (16384, 14336)),
         ("llama3.2-1b-hidden-16k", (16384, 2048)),
         ("llama3.2-1b-mlp-16k", (16384, 8192)),
+        # The 125m model of our pretraining runs (32 x 2048 tokens a step): narrow rows, where the
+        # quantize kernels measured their worst fraction of copy bandwidth.
+        ("ours-125m-hidden-64k", (65536, 768)),
+        ("ours-125m-mlp-64k", (65536, 2048)),
     ],
 }[PROFILE]
 # Cross-check rounds of pytest-benchmark (the figure comes from measure()).
