@@ -135,6 +135,24 @@ def _load(path: Path) -> Any:
     return json.loads(gzip.decompress(data) if is_compressed(path) else data)
 
 
+def check_replaceable(path: str | os.PathLike, config: dict[str, Any] | None) -> None:
+    """Raise :class:`ResultsConflict` unless ``path`` is absent or holds results of ``config``.
+
+    What :func:`write_results` checks before writing; a long experiment calls it first, so it
+    fails before measuring rather than after.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    config = json.loads(json.dumps(config or {}, default=str))
+    try:
+        old = _load(path).get("provenance", {}).get("config")
+    except (ValueError, AttributeError, gzip.BadGzipFile, EOFError, zlib.error):  # not JSON / gzip, cut short
+        raise ResultsConflict(f"{path} exists and is not a results file; refusing to replace it") from None
+    if old != config:
+        raise ResultsConflict(f"{path} holds results of a different configuration; move it away or pass overwrite")
+
+
 def write_results(
     path: str | os.PathLike,
     records: Iterable[dict[str, Any]],
@@ -152,15 +170,8 @@ def write_results(
     """
     path = Path(path)
     config = json.loads(json.dumps(config or {}, default=str))
-    if path.exists() and not overwrite:
-        try:
-            old = _load(path).get("provenance", {}).get("config")
-        except (ValueError, AttributeError, gzip.BadGzipFile, EOFError, zlib.error):  # not JSON / gzip, cut short
-            raise ResultsConflict(f"{path} exists and is not a results file; refusing to replace it") from None
-        if old != config:
-            raise ResultsConflict(
-                f"{path} holds results of a different configuration; move it away or pass overwrite"
-            )
+    if not overwrite:
+        check_replaceable(path, config)
     prov = provenance(config, seed, device)
     if extra_provenance:
         prov.update(extra_provenance)

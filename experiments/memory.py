@@ -38,7 +38,7 @@ from torch import nn
 import adahop
 from adahop.linear import SavedTensorMeter
 from adahop.model import Llama, LlamaConfig
-from adahop.provenance import write_results
+from adahop.provenance import check_replaceable, write_results
 from adahop.recipes import RECIPES
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -113,8 +113,11 @@ def strategies(module: nn.Module) -> dict[str, Any]:
     return counts
 
 
-def layer_records(s: dict[str, Any], device: torch.device) -> list[dict[str, Any]]:
-    recs = []
+Sink = Callable[[list[dict[str, Any]]], None]  # receives the records so far after each new one
+
+
+def layer_records(s: dict[str, Any], device: torch.device, sink: Sink) -> list[dict[str, Any]]:
+    recs: list[dict[str, Any]] = []
     for tokens, fin, fout in s["layer_shapes"]:
         gen = torch.Generator(device=device).manual_seed(s["seed"])
         x = torch.randn(tokens, fin, generator=gen, device=device).to(torch.bfloat16).requires_grad_()
@@ -131,11 +134,12 @@ def layer_records(s: dict[str, Any], device: torch.device) -> list[dict[str, Any
                 recs.append({"what": "layer", "recipe": recipe, "phase": phase, "shape": [tokens, fin, fout],
                              "strategies": strategies(nn.Sequential(layer)), **measure(layer, forward, device)})
                 report(recs[-1])
+                sink(recs)
             x.grad = None
     return recs
 
 
-def model_records(s: dict[str, Any], device: torch.device) -> list[dict[str, Any]]:
+def model_records(s: dict[str, Any], device: torch.device, sink: Sink) -> list[dict[str, Any]]:
     cfg = LlamaConfig.from_name(s["model"], s["vocab_size"], max_seq_len=max(s["seq_len"], 8))
     gen = torch.Generator(device=device).manual_seed(s["seed"])
     ids = torch.randint(0, s["vocab_size"], (s["batch_size"], s["seq_len"]), generator=gen, device=device)
@@ -154,6 +158,7 @@ def model_records(s: dict[str, Any], device: torch.device) -> list[dict[str, Any
                          "tokens": s["batch_size"] * s["seq_len"], "strategies": strategies(model),
                          **measure(model, forward, device)})
             report(recs[-1])
+            sink(recs)
         del model
     return recs
 
@@ -202,9 +207,20 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     s = settings(args)
     device = torch.device(s["device"] or ("cuda" if torch.cuda.is_available() else "cpu"))
-    recs = layer_records(s, device) + model_records(s, device)
+    if not args.overwrite:
+        check_replaceable(args.out, s)  # before measuring
+
+    done: list[dict[str, Any]] = []
+
+    def write(recs: list[dict[str, Any]]) -> None:
+        # After every record, so a run stopped at its time limit keeps what it measured; the same
+        # config each time, so each write replaces the last.
+        add_ratios(done + recs)
+        write_results(args.out, done + recs, config=s, seed=s["seed"], device=device, overwrite=True)
+
+    done = layer_records(s, device, write)
+    recs = done + model_records(s, device, write)
     add_ratios(recs)
-    write_results(args.out, recs, config=s, seed=s["seed"], device=device, overwrite=args.overwrite)
     print("with ratios to bf16:")
     for r in recs:
         report(r)

@@ -43,7 +43,7 @@ import yaml
 
 from adahop.data import read_meta
 from adahop.model import REFERENCE_VOCAB, export_hf
-from adahop.provenance import write_results
+from adahop.provenance import check_replaceable, write_results
 from adahop.train import (
     RandomTokenBatches,
     TrainConfig,
@@ -168,6 +168,8 @@ def run_throughput(args: argparse.Namespace) -> None:
     # partial file (same config) while a file of another configuration is refused.
     file_config = {"throughput_only": True, "untimed_steps": args.untimed_steps, "vocab_size": vocab_size,
                    "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
+    if info.is_main:
+        check_replaceable(args.results, file_config)  # before measuring, not after the first recipe
     for recipe in recipes:
         base = resolve_config(args, recipe=recipe)
         timed = base.steps
