@@ -113,11 +113,10 @@ def strategies(module: nn.Module) -> dict[str, Any]:
     return counts
 
 
-Sink = Callable[[list[dict[str, Any]]], None]  # receives the records so far after each new one
+Add = Callable[[dict[str, Any]], None]  # takes each record as it is measured
 
 
-def layer_records(s: dict[str, Any], device: torch.device, sink: Sink) -> list[dict[str, Any]]:
-    recs: list[dict[str, Any]] = []
+def layer_records(s: dict[str, Any], device: torch.device, add: Add) -> None:
     for tokens, fin, fout in s["layer_shapes"]:
         gen = torch.Generator(device=device).manual_seed(s["seed"])
         x = torch.randn(tokens, fin, generator=gen, device=device).to(torch.bfloat16).requires_grad_()
@@ -131,19 +130,15 @@ def layer_records(s: dict[str, Any], device: torch.device, sink: Sink) -> list[d
 
             for phase, steps in phases(recipe, s["calibration_steps"]):
                 run_steps(layer, forward, steps)
-                recs.append({"what": "layer", "recipe": recipe, "phase": phase, "shape": [tokens, fin, fout],
-                             "strategies": strategies(nn.Sequential(layer)), **measure(layer, forward, device)})
-                report(recs[-1])
-                sink(recs)
+                add({"what": "layer", "recipe": recipe, "phase": phase, "shape": [tokens, fin, fout],
+                     "strategies": strategies(nn.Sequential(layer)), **measure(layer, forward, device)})
             x.grad = None
-    return recs
 
 
-def model_records(s: dict[str, Any], device: torch.device, sink: Sink) -> list[dict[str, Any]]:
+def model_records(s: dict[str, Any], device: torch.device, add: Add) -> None:
     cfg = LlamaConfig.from_name(s["model"], s["vocab_size"], max_seq_len=max(s["seq_len"], 8))
     gen = torch.Generator(device=device).manual_seed(s["seed"])
     ids = torch.randint(0, s["vocab_size"], (s["batch_size"], s["seq_len"]), generator=gen, device=device)
-    recs = []
     for recipe in s["recipes"]:
         torch.manual_seed(s["seed"])
         model = convert(Llama(cfg).to(device), recipe, s)
@@ -154,13 +149,10 @@ def model_records(s: dict[str, Any], device: torch.device, sink: Sink) -> list[d
 
         for phase, steps in phases(recipe, s["calibration_steps"]):
             run_steps(model, forward, steps)
-            recs.append({"what": "model", "recipe": recipe, "phase": phase, "model": s["model"],
-                         "tokens": s["batch_size"] * s["seq_len"], "strategies": strategies(model),
-                         **measure(model, forward, device)})
-            report(recs[-1])
-            sink(recs)
+            add({"what": "model", "recipe": recipe, "phase": phase, "model": s["model"],
+                 "tokens": s["batch_size"] * s["seq_len"], "strategies": strategies(model),
+                 **measure(model, forward, device)})
         del model
-    return recs
 
 
 def add_ratios(recs: list[dict[str, Any]]) -> None:
@@ -210,20 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.overwrite:
         check_replaceable(args.out, s)  # before measuring
 
-    done: list[dict[str, Any]] = []
+    recs: list[dict[str, Any]] = []
 
-    def write(recs: list[dict[str, Any]]) -> None:
-        # After every record, so a run stopped at its time limit keeps what it measured; the same
-        # config each time, so each write replaces the last.
-        add_ratios(done + recs)
-        write_results(args.out, done + recs, config=s, seed=s["seed"], device=device, overwrite=True)
+    def add(record: dict[str, Any]) -> None:
+        # Written after every record, so a run stopped at its time limit keeps what it measured;
+        # the same config each time, so each write replaces the last.
+        recs.append(record)
+        add_ratios(recs)
+        report(record)
+        write_results(args.out, recs, config=s, seed=s["seed"], device=device, overwrite=True)
 
-    done = layer_records(s, device, write)
-    recs = done + model_records(s, device, write)
-    add_ratios(recs)
-    print("with ratios to bf16:")
-    for r in recs:
-        report(r)
+    layer_records(s, device, add)
+    model_records(s, device, add)
     print(f"memory: {len(recs)} records -> {args.out}")
     return 0
 

@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--untimed-steps", type=int, default=40, help="throughput: steps run before timing")
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="throughput: after the timed steps, profile 3 more (torch.profiler) and write "
-                        "DIR/profile_<model>_<recipe>.txt, the kernels and ops by GPU time")
+                        "DIR/profile_<model>_<recipe>.txt, the kernels and ops by GPU and by self-CPU time")
     p.add_argument("--vocab-size", type=int, help=f"throughput without --data (default {REFERENCE_VOCAB})")
     args = p.parse_args(argv)
     if not args.throughput_only and (args.data is None or args.out is None):
@@ -141,7 +141,7 @@ PROFILE_STEPS = 3
 
 
 def profile_steps(trainer: Trainer, path: Path) -> None:
-    """Run the trainer's remaining steps under torch.profiler; write ops and kernels by GPU time."""
+    """Run the trainer's remaining steps under torch.profiler; write ops and kernels by GPU and CPU time."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if trainer.device.type == "cuda" else [])
