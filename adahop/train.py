@@ -17,6 +17,9 @@ What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches
 
 A run restarted with the same ``out_dir`` resumes from its latest checkpoint and continues on the
 same loss curve (``tests/test_train.py`` checks per-step losses bit-for-bit on CPU).
+:meth:`Trainer.request_stop` (``experiments/pretrain.py`` calls it on SIGTERM, as ``timeout``,
+Slurm and ``torchrun`` send it) ends the run at the next step boundary that every rank agrees on,
+checkpoints that step and raises :class:`TrainingStopped`, so a time-limited job loses no steps.
 
 Throughput is measured as tokens per second of wall time between log lines (eval and checkpoint
 time excluded), MFU as ``flops_per_token · tokens/s / (peak · world_size)`` with
@@ -132,6 +135,16 @@ class TrainConfig:
 
 class NonFiniteLossError(RuntimeError):
     """Loss or gradient norm became NaN/Inf; the message names the step and the last good checkpoint."""
+
+
+class TrainingStopped(RuntimeError):
+    """:meth:`Trainer.run` ended early on :meth:`Trainer.request_stop`; ``step`` is checkpointed
+    (``checkpoint``, None without an ``out_dir``), so the same run resumes from there."""
+
+    def __init__(self, step: int, checkpoint: Path | None, reason: str) -> None:
+        where = f"checkpoint {checkpoint}" if checkpoint is not None else "no out_dir, nothing saved"
+        super().__init__(f"stopped after step {step} ({reason}); {where}")
+        self.step, self.checkpoint, self.reason = step, checkpoint, reason
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,8 +330,16 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.last_checkpoint: Path | None = None
         self.history: list[dict[str, Any]] = []
+        self.stop_reason: str | None = None  # set by request_stop (e.g. from a signal handler)
+        self._stop_agreed = False  # some rank asked to stop (from the last step's all-reduce)
         if self.out_dir is not None:
             self._resume()
+
+    def request_stop(self, reason: str = "stop requested") -> None:
+        """Ask :meth:`run` to end after the current step: checkpoint it, then raise
+        :class:`TrainingStopped`. Only sets a flag, so a signal handler may call it; the ranks
+        agree through the loss all-reduce of the next step, so all of them stop at the same one."""
+        self.stop_reason = reason
 
     # -- files ---------------------------------------------------------------------------------
 
@@ -440,9 +461,12 @@ class Trainer:
             loss_sum += loss.detach().float()
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        loss_v, norm_v = self._mean_over_ranks(
-            torch.stack([loss_sum / self.cfg.grad_accum, grad_norm.float()])
+        # The stop flag rides on the one all-reduce (and host sync) that the step has anyway.
+        stop_flag = torch.full((), 1.0 if self.stop_reason else 0.0, device=loss_sum.device)
+        loss_v, norm_v, stop_v = self._mean_over_ranks(
+            torch.stack([loss_sum / self.cfg.grad_accum, grad_norm.float(), stop_flag])
         ).tolist()
+        self._stop_agreed = stop_v > 0
         step = self.step + 1
         if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
             self.optimizer.zero_grad(set_to_none=True)
@@ -525,12 +549,17 @@ class Trainer:
                                   "val_loss": val}
                 if record:
                     self._log(record)
-                if self.out_dir is not None and ((cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0)
-                                                 or final):
+                due = (cfg.checkpoint_interval and self.step % cfg.checkpoint_interval == 0) or final
+                if self.out_dir is not None and (due or self._stop_agreed):
                     self.save_checkpoint()
                 paused += time.perf_counter() - t_pause
                 if bar is not None:
                     bar.update(1)
+                if self._stop_agreed and not final:
+                    reason = self.stop_reason or "another rank was asked to stop"
+                    self._log({"step": self.step, "event": "stopped", "reason": reason})
+                    saved = self.checkpoint_dir / f"step_{self.step:08d}.pt" if self.out_dir is not None else None
+                    raise TrainingStopped(self.step, saved, reason)
         finally:
             if bar is not None:
                 bar.close()

@@ -23,6 +23,10 @@ runs ``--untimed-steps`` (default 40: compilation, warm-up and a recipe's 30 cal
 and then ``--steps`` timed steps for each recipe in turn, in the same process, so every recipe is
 measured beside its peers; tokens/s, MFU and peak memory cover the timed steps only.
 
+SIGTERM (``timeout``, Slurm, ``torchrun`` forwarding its own) ends training at the next step
+boundary: that step is checkpointed and the script exits with status 75 (EX_TEMPFAIL); the same
+command resumes there. A second SIGTERM ends the process at once.
+
 Settings come from the ``pretrain`` section of the profile: every key that is a field of
 :class:`adahop.train.TrainConfig` is a default, the command line overrides it; other keys of the
 section are the workflow's (the profile's schema checks them).
@@ -33,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -48,11 +53,42 @@ from adahop.train import (
     RandomTokenBatches,
     TrainConfig,
     Trainer,
+    TrainingStopped,
     corpus_batches,
     init_distributed,
     read_vocab_size,
     summarize,
 )
+
+# Exit status of a run stopped on SIGTERM after checkpointing (EX_TEMPFAIL: run it again to resume).
+EXIT_STOPPED = 75
+
+
+class StopOnSignal:
+    """While installed, SIGTERM asks the watched trainer to stop after its current step
+    (:meth:`Trainer.request_stop`); a second SIGTERM gets the default action (the process ends)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.trainer: Trainer | None = None
+        self.previous = signal.signal(signal.SIGTERM, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.reason = f"signal {signal.Signals(signum).name}"
+        signal.signal(signum, signal.SIG_DFL)
+        if self.trainer is not None:
+            self.trainer.request_stop(self.reason)
+
+    def watch(self, trainer: Trainer) -> Trainer:
+        """Route the signal to ``trainer`` (one that arrived before it existed applies at once)."""
+        self.trainer = trainer
+        if self.reason:
+            trainer.request_stop(self.reason)
+        return trainer
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGTERM, self.previous)
+
 
 # Command-line flags that override TrainConfig fields of the same name.
 OVERRIDES = ("model", "recipe", "seed", "steps", "batch_size", "grad_accum", "seq_len", "lr", "warmup_steps",
@@ -107,12 +143,12 @@ def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
     return TrainConfig.from_dict(values)
 
 
-def run_training(args: argparse.Namespace) -> None:
+def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
     info, device = init_distributed(args.device)
     cfg = resolve_config(args)
     vocab_size, train_batches, eval_batches = corpus_batches(args.data, cfg, info)
-    trainer = Trainer(cfg, vocab_size, train_batches, eval_batches, out_dir=args.out, dist_info=info,
-                      device=device, progress=not args.no_progress)
+    trainer = stop.watch(Trainer(cfg, vocab_size, train_batches, eval_batches, out_dir=args.out, dist_info=info,
+                                 device=device, progress=not args.no_progress))
     history = trainer.run()
     if not info.is_main:
         return
@@ -159,7 +195,7 @@ def profile_steps(trainer: Trainer, path: Path) -> None:
     print(f"profile: -> {path}")
 
 
-def run_throughput(args: argparse.Namespace) -> None:
+def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     info, device = init_distributed(args.device)
     recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
     vocab_size = read_vocab_size(args.data) if args.data else (args.vocab_size or REFERENCE_VOCAB)
@@ -177,7 +213,7 @@ def run_throughput(args: argparse.Namespace) -> None:
         cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + extra, eval_interval=0,
                                   checkpoint_interval=0, log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
-        trainer = Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress)
+        trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
         trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
         history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
         if args.profile and info.is_main:
@@ -218,9 +254,14 @@ def run_throughput(args: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    stop = StopOnSignal()
     try:
-        (run_throughput if args.throughput_only else run_training)(args)
+        (run_throughput if args.throughput_only else run_training)(args, stop)
+    except TrainingStopped as err:
+        print(f"pretrain: {err}; the same command resumes there", file=sys.stderr)
+        return EXIT_STOPPED
     finally:
+        stop.restore()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

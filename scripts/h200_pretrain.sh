@@ -6,8 +6,13 @@
 #   ADAHOP_GIT_COMMIT=<sha> ADAHOP_GIT_DIRTY=0 bash scripts/h200_pretrain.sh RECIPE SEED [NPROC]
 #
 #   NPROC=2: one DDP run over both GPUs (torchrun); the profile's batch is split over the ranks,
-#            so the global batch and the token count stay the profile's.
-#   Two runs side by side, one per GPU: start each with CUDA_VISIBLE_DEVICES=0 / =1 and `&`, then `wait`.
+#            so the global batch and the token count stay the profile's. For the eager quantized
+#            recipes this buys little: the step is bound by host-side launches, not the GPU (adahop,
+#            125m: 231k tokens/s over 2 GPUs (results/pretrain/gpu/125m_adahop_s0.json), 133k on one GPU
+#            at the per-rank batch of 16 (results/throughput/gpu/125m_eager_b16_adahop.json), 204k on
+#            one GPU at 32 (125m_eager.json, commit d2c1004)).
+#   Two runs side by side, one per GPU (twice the work per device-second for those recipes): start
+#   each with CUDA_VISIBLE_DEVICES=0 / =1 and `&`, then `wait`.
 #
 # Carry data/carry/<corpus> (rebuilt into data/<corpus> unless that exists) and .whl_eval
 # (lm-eval wheels + eval_data.tar.gz; scripts/fetch_device_wheels.sh makes it).
@@ -31,8 +36,10 @@
 #                    before its results file: results/logs/h200-2026-11-30/call3-others-output.txt).
 #                    Eager also skips ~60 s of compiling.
 #   DEADLINE_S       seconds from the start by which everything is done (default 570, for a 600 s call)
-#   EVAL_RESERVE_S   seconds kept for export + lm-eval (default 210); training is stopped (timeout)
-#                    at DEADLINE_S - EVAL_RESERVE_S, and then no eval runs
+#   EVAL_RESERVE_S   seconds kept for export + lm-eval (default 210); training is stopped (timeout's
+#                    SIGTERM) at DEADLINE_S - EVAL_RESERVE_S, and then no eval runs. The trainer
+#                    finishes the step it is in and checkpoints it (up to KILL_AFTER_S, default 90,
+#                    before a SIGKILL), so a second call resumes without losing steps
 #   CHECKPOINT_INTERVAL  overrides the profile's (checkpoints stay on the machine; a rerun of the
 #                    same run on a still-warm machine resumes from the latest)
 #   RESUME_ONLY=1    stop unless the run has a checkpoint to resume from (the second call of a run
@@ -144,7 +151,7 @@ limit=$(left "$EVAL_RESERVE_S")
 log "plan: $MODEL, $COMPILE_FLAG, ${NPROC} process(es), ${limit}s for training"
 if [ "$limit" -gt 0 ]; then  # (timeout 0 would mean no limit)
   log "train: ${LAUNCH[*]} experiments/pretrain.py ${TRAIN_ARGS[*]} (timeout ${limit}s)"
-  timeout --kill-after=20 "$limit" "${LAUNCH[@]}" experiments/pretrain.py "${TRAIN_ARGS[@]}" 2>&1 | tee -a "$LOG"
+  timeout --kill-after="${KILL_AFTER_S:-90}" "$limit" "${LAUNCH[@]}" experiments/pretrain.py "${TRAIN_ARGS[@]}" 2>&1 | tee -a "$LOG"
   train_rc=${PIPESTATUS[0]}
 fi
 log "train: rc $train_rc$([ "$train_rc" = 124 ] && echo ' (cut off by the deadline)')"

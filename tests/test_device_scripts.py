@@ -1,6 +1,6 @@
 """scripts/h200_pretrain.sh end to end on a CPU: corpus from a carry bundle, train (DDP over two gloo
 ranks), export, lm-eval, and only the small files left in $OUT; a run cut off by the deadline still
-leaves its metrics; the per-recipe compile choice; RESUME_ONLY without a checkpoint stops."""
+leaves its metrics and a checkpoint of its last step, and resumes there; the per-recipe compile choice; RESUME_ONLY without a checkpoint stops."""
 
 import json
 import os
@@ -95,19 +95,31 @@ def test_ddp_run_trains_evaluates_and_leaves_four_files(bundle, tmp_path):
     assert "eval: rc 0" in (out / f"{run}.log").read_text()
 
 
-def test_run_cut_off_by_the_deadline_leaves_its_metrics(bundle, tmp_path):
+def test_run_cut_off_by_the_deadline_checkpoints_its_last_step_and_resumes_there(bundle, tmp_path):
     _, bundle_dir = bundle
     # ~20 s of training for a run that would take an hour; no time is left for the eval
-    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=100_000), "mxfp4", "1",
-                      DEADLINE_S="60", EVAL_RESERVE_S="35")
+    config = profile(tmp_path / "p.yaml", steps=100_000)
+    done = run_script(tmp_path, bundle_dir, config, "mxfp4", "1", DEADLINE_S="60", EVAL_RESERVE_S="35")
     assert done.returncode != 0
     run = "tiny_mxfp4_s1"
     out = tmp_path / "out"
     assert sorted(p.name for p in out.iterdir()) == [f"{run}.log", f"{run}.metrics.jsonl"]
     log = (out / f"{run}.log").read_text()
     assert "train: rc 124 (cut off by the deadline)" in log and "eval: rc skipped" in log
-    steps = [json.loads(line)["step"] for line in (out / f"{run}.metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / f"{run}.metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
     assert steps and steps == list(range(1, len(steps) + 1)) and steps[-1] < 100_000
+    # SIGTERM from `timeout`: the step it arrived in is finished and checkpointed, nothing is lost
+    assert rows[-1] == {"step": steps[-1], "event": "stopped", "reason": "signal SIGTERM"}
+    checkpoint = f"step_{steps[-1]:08d}.pt"
+    assert (tmp_path / "runs" / "test" / run / "checkpoints" / checkpoint).exists()
+    # the next call (a warm machine) resumes from that step
+    again = run_script(tmp_path, bundle_dir, config, "mxfp4", "1", DEADLINE_S="45", EVAL_RESERVE_S="35",
+                       RESUME_ONLY="1")
+    assert f"resuming from runs/test/{run}/checkpoints/{checkpoint}" in again.stdout.replace(str(tmp_path) + "/", "")
+    rows = [json.loads(line) for line in (out / f"{run}.metrics.jsonl").read_text().splitlines()]
+    resumed = [r["step"] for r in rows if "loss" in r]
+    assert resumed[: len(steps)] == steps and resumed[-1] > steps[-1]
 
 
 @pytest.mark.parametrize("recipe, flag", [("bf16", "--compile"), ("adahop", "--no-compile")])

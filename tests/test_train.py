@@ -1,11 +1,13 @@
-"""adahop.train and experiments/pretrain.py on CPU: learning, exact resume, NaN stop, CLI, DDP (gloo)."""
+"""adahop.train and experiments/pretrain.py on CPU: learning, exact resume, NaN stop, stop on request/SIGTERM, CLI, DDP (gloo)."""
 
 import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from adahop.train import (
     RandomTokenBatches,
     TrainConfig,
     Trainer,
+    TrainingStopped,
     WarmupCosine,
     corpus_batches,
     summarize,
@@ -73,6 +76,9 @@ class StepHook:
             return None
         if self.action == "kill":
             raise KeyboardInterrupt("simulated kill")
+        if self.action == "stop":
+            self.trainer.request_stop("test")
+            return None
         return output * float("nan")
 
 
@@ -114,6 +120,65 @@ def test_resume_after_kill_continues_the_same_loss_curve(corpus, tmp_path):
     straight, again = losses(tmp_path / "straight"), losses(tmp_path / "killed")
     assert list(again) == list(range(1, 9))
     assert again == straight  # bit-for-bit on CPU
+
+
+def test_request_stop_checkpoints_that_step_and_resumes_on_the_same_curve(corpus, tmp_path):
+    make_trainer(corpus, tmp_path / "straight").run()
+
+    stopped = make_trainer(corpus, tmp_path / "stopped")
+    hook = StepHook(at_step=6, action="stop")
+    hook.trainer = stopped
+    stopped.model.model.layers[0].register_forward_hook(hook)
+    with pytest.raises(TrainingStopped, match=r"after step 6 \(test\).*step_00000006\.pt") as err:
+        stopped.run()
+    assert err.value.step == 6 and err.value.checkpoint.exists()  # between the step-4 and step-8 checkpoints
+    rows = [json.loads(line) for line in (tmp_path / "stopped" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1] == {"step": 6, "event": "stopped", "reason": "test"}
+    resumed = make_trainer(corpus, tmp_path / "stopped")
+    assert resumed.step == 6
+    resumed.run()
+    assert losses(tmp_path / "stopped") == losses(tmp_path / "straight")  # bit-for-bit on CPU, no step lost
+
+
+def sigterm_after_three_steps(launcher, out, tmp_path, corpus, profile, *args) -> tuple[int, str, int]:
+    """Start a long run, SIGTERM the launcher once three steps are logged; (status, stderr, last step)."""
+    cmd = [*launcher, str(SCRIPT), "--config", str(profile), "--model", "tiny", "--recipe", "bf16",
+           "--data", str(corpus), "--out", str(out), "--results", str(tmp_path / "r.json"), "--steps", "100000",
+           "--eval-interval", "0", "--checkpoint-interval", "0", "--device", "cpu", "--no-progress", *args]
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        metrics = out / "metrics.jsonl"
+        deadline = time.monotonic() + 120
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    step = rows[-1]["step"]
+    assert rows[-1] == {"step": step, "event": "stopped", "reason": "signal SIGTERM"}, stderr
+    assert [c.name for c in (out / "checkpoints").iterdir()] == [f"step_{step:08d}.pt"]
+    assert not (tmp_path / "r.json").exists()
+    return proc.returncode, stderr, step
+
+
+def test_cli_sigterm_stops_at_a_step_boundary_with_a_checkpoint(corpus, profile, tmp_path):
+    status, stderr, _ = sigterm_after_three_steps([sys.executable], tmp_path / "run", tmp_path, corpus, profile)
+    assert status == load_script().EXIT_STOPPED, stderr
+    assert "the same command resumes there" in stderr
+
+
+@pytest.mark.distributed
+def test_torchrun_sigterm_stops_every_rank_at_one_checkpointed_step(corpus, profile, tmp_path):
+    """torchrun passes its SIGTERM to the ranks; they agree on the step and rank 0 saves it."""
+    _, _, step = sigterm_after_three_steps([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                                            "--nproc_per_node=2"], tmp_path / "run", tmp_path, corpus, profile,
+                                           "--batch-size", "2")
+    state = torch.load(tmp_path / "run" / "checkpoints" / f"step_{step:08d}.pt", weights_only=False)
+    assert state["step"] == step and len(state["ranks"]) == 2
 
 
 def test_resume_refuses_a_different_config(corpus, tmp_path):
