@@ -111,3 +111,7 @@ def recipe_palette() -> dict[str, Any]:
     from adahop.recipes import RECIPES
 
     return dict(zip(RECIPES, sns.color_palette("colorblind", len(RECIPES))))
+
+
+def seeds_label(n: int) -> str:
+    return f"{n} seed" if n == 1 else f"{n} seeds"

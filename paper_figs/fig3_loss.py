@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
                           errorbar=None, markers="|", markersize=14, linestyle="none", legend=False, ax=ax)
             sns.stripplot(data=final, y="recipe", x="final_val_loss", order=present, hue="recipe", palette=palette,
                           size=5, alpha=0.8, jitter=False, legend=False, ax=ax)
-            ax.set_yticks(range(len(present)), [f"{r} ({seeds[(model, r)]} seeds)" for r in present])
+            ax.set_yticks(range(len(present)), [f"{r} ({common.seeds_label(seeds[(model, r)])})" for r in present])
         ax.set_xlabel("final held-out loss (nats/token)")
         ax.set_ylabel("")
         ax.set_title(f"{model}: final held-out loss (dots: seeds, bar: mean)")

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = f"first {limits[0]} documents per task" if len(limits) == 1 else "full validation sets" if not limits else f"limits {limits}"
     ax.set_title(f"ours: {model}, {sub}")
     handles, _ = ax.get_legend_handles_labels()
-    ax.legend(handles, [f"{r} ({seeds[r]} seeds)" for r in runs], title="training recipe (whiskers: min–max over seeds)",
+    ax.legend(handles, [f"{r} ({common.seeds_label(seeds[r])})" for r in runs], title="training recipe (whiskers: min–max over seeds)",
               fontsize="small", title_fontsize="small", ncols=min(len(runs), 4), loc="upper center",
               bbox_to_anchor=(0.5, -0.16))
 
@@ -116,11 +116,14 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ppl["run"] = label_runs(ppl)
         order = [r for r in runs if r in set(ppl["run"])]
-        sns.barplot(data=ppl, y="run", x="value", order=order, hue="run", palette=colours, errorbar=("pi", 100),
-                    capsize=0.15, err_kws={"linewidth": 1}, legend=False, ax=ax)
+        # Dots per seed and a bar at the mean on a zoomed axis: recipes differ in the second decimal.
+        sns.pointplot(data=ppl, y="run", x="value", order=order, hue="run", palette=colours, errorbar=None,
+                      markers="|", markersize=14, linestyle="none", legend=False, ax=ax)
+        sns.stripplot(data=ppl, y="run", x="value", order=order, hue="run", palette=colours, size=5, alpha=0.8,
+                      jitter=False, legend=False, ax=ax)
     ax.set_ylabel("")
     ax.set_xlabel("bits per byte (lower is better)")
-    ax.set_title("held-out corpus (corpus_ppl)")
+    ax.set_title("held-out corpus (corpus_ppl; dots: seeds, bar: mean)")
     fig.suptitle(f"lm-eval, 0-shot — {common.device_label(docs)}")
     common.save(fig, args, docs)
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import yaml
 from snakemake.exceptions import WorkflowError
+from snakemake.logging import logger
 from snakemake.utils import validate
 
 # Jobs run `python` from the environment that runs snakemake (.venv/bin in the quick start, also
@@ -114,23 +115,32 @@ def script_cmd(script, *args, launcher="python"):
     return " ".join([launcher, script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
 
 
-def results_inputs(paths):
+def results_inputs(paths, partial=False):
     """An input function giving ``paths`` (results files read by a figure, a table or `all`).
 
     With ``results_from: committed`` a missing one is an error that names it, never a stage (a GPU
     stage, for the gpu profile) started on this machine to make it. Checked when a job asks for
-    them, so one figure can be drawn while another's results are still missing.
+    them, so one figure can be drawn while another's results are still missing. ``partial``: the
+    paths are per-run files of a campaign that may be under way (pretraining, lm-eval); those
+    present are used and a warning names the rest; an error only when none is there.
     """
     paths = list(paths)
 
     def inputs(wildcards):
-        missing = sorted(p for p in paths if not os.path.exists(p)) if COMMITTED else []
-        if missing:
+        if not COMMITTED:
+            return paths
+        missing = [p for p in paths if not os.path.exists(p)]
+        if missing and (not partial or len(missing) == len(paths)):
             raise WorkflowError(
                 f"results_from: committed, but {len(missing)} results file(s) of profile {PROFILE} "
-                f"are missing: {missing}. Run their stages (the gpu profile's on a GPU) or set "
+                f"are missing: {sorted(missing)}. Run their stages (the gpu profile's on a GPU) or set "
                 f"results_from: run."
             )
-        return paths
+        if missing:
+            logger.warning(
+                f"results_from: committed: {len(paths) - len(missing)} of {len(paths)} runs' results are "
+                f"there; drawing from those (missing: {sorted(missing)})"
+            )
+        return [p for p in paths if p not in missing]
 
     return inputs

@@ -22,7 +22,7 @@ rule eval:
 rule eval_table:
     input:
         script="experiments/evaluate.py",
-        results=results_inputs(results_path("eval", run) for run in RUNS),
+        results=results_inputs((results_path("eval", run) for run in RUNS), partial=True),
         reference="adahop/paper_reference.yaml",
     output:
         md=f"results/eval/{PROFILE}/table.md",

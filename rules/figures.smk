@@ -16,6 +16,9 @@ FIGURE_INPUTS = {
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
     "fig7_e2e_throughput": [results_path("throughput", name) for name in THROUGHPUT],
 }
+# Figures of per-run results (pretraining, lm-eval): with committed results, drawn from the runs
+# committed so far while a campaign is under way (common.smk, results_inputs).
+PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval")
 # Read beside the results: the paper's own numbers, each citing its table.
 FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
 ALL_RESULTS = results_inputs(
@@ -28,7 +31,9 @@ FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=(
 rule figure:
     input:
         script="paper_figs/{figure}.py",
-        results=lambda wildcards: results_inputs(FIGURE_INPUTS[wildcards.figure])(wildcards),
+        results=lambda wildcards: results_inputs(
+            FIGURE_INPUTS[wildcards.figure], partial=wildcards.figure in PER_RUN_FIGURES
+        )(wildcards),
         references=lambda wildcards: FIGURE_REFERENCES.get(wildcards.figure, []),
     output:
         png=f"{FIGURE_DIR}/{{figure}}.png",

@@ -278,6 +278,23 @@ def test_committed_mode_draws_one_figure_whose_results_are_there(workflow):
 
 
 @needs_all_scripts
+def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(workflow):
+    # A campaign under way: two of the gpu profile's runs have pretraining and lm-eval results.
+    runs = ["125m_bf16_s0", "125m_adahop_s0"]
+    for run in runs:
+        for stage in ("pretrain", "eval"):
+            write_empty_results(workflow / f"results/{stage}/gpu/{run}.json")
+    targets = ("paper_figs/out/gpu/fig3_loss.png", "paper_figs/out/gpu/fig6_lm_eval.png", "results/eval/gpu/table.md")
+    out = snakemake(workflow, "-n", *targets, "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
+    assert out.returncode == 0, out.output[-3000:]
+    assert job_counts(out.output) == {"figure": 2, "eval_table": 1}
+    assert "2 of 18 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
+    # `all` still wants every run
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
+    assert out.returncode != 0 and "results_from: committed, but" in out.output
+
+
+@needs_all_scripts
 def test_committed_profile_finds_the_committed_gpu_throughput_files(workflow):
     # Every run of the gpu profile has its committed file under the name the rule writes.
     paths = [f"results/throughput/gpu/{run['name']}.json" for run in profile("gpu")["throughput"]]
