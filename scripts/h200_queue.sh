@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Pretraining runs queued per GPU, carried on over several device calls of one session. Usage, from
+# the repo root on the GPU machine:
+#
+#   ADAHOP_GIT_COMMIT=<sha> ADAHOP_GIT_DIRTY=0 bash scripts/h200_queue.sh "RECIPE:SEED ..." ["RECIPE:SEED ..."]
+#
+# One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...): the runs that GPU works through in order,
+# each by scripts/h200_pretrain.sh with the time left in this call. A run resumes from its checkpoint
+# (a warm machine keeps them between calls); one that cannot finish is stopped at the deadline by
+# SIGTERM, which checkpoints its last step; its lm-eval starts only with EVAL_MIN_S (default 200)
+# seconds left, else the next call does it. A run whose eval result exists is skipped, so the same
+# command, called again while the machine is warm, continues where the last call stopped.
+#
+# Everything the runs wrote so far (QUEUE_DIR, kept on the machine) comes back as one archive,
+# $OUT/queue.tar.gz (a call brings back at most 8 files), beside $OUT/queue.log: per run
+# <run>.pretrain.json, .eval.json, .metrics.jsonl and .log as scripts/h200_pretrain.sh describes.
+#
+# Environment (all optional but the first two):
+#   ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY  the commit the results are stamped with (required)
+#   DEADLINE_S    seconds from the start by which every run has stopped (default 550, for a 600 s call:
+#                 room for a stopped run's checkpoint and the archive)
+#   NO_NEW_RUNS=1 only continue runs that have a checkpoint (the session's last call: a run started
+#                 then is lost when the machine goes back)
+#   EVAL_MIN_S, KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
+#   QUEUE_DIR     where the runs' files collect (default /tmp/adahop_queue)
+#   MIN_LEFT_S    a GPU starts its next run only with this many seconds left (default 60)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 1 ]; then
+  sed -n '2,16p' "$0" >&2
+  exit 2
+fi
+: "${ADAHOP_GIT_COMMIT:?set ADAHOP_GIT_COMMIT and ADAHOP_GIT_DIRTY: the results are stamped with them}"
+: "${ADAHOP_GIT_DIRTY:?set ADAHOP_GIT_DIRTY (0 or 1)}"
+DEADLINE_S=${DEADLINE_S:-550}
+QUEUE_DIR=${QUEUE_DIR:-/tmp/adahop_queue}
+OUT=${OUT:-/tmp/out}
+START=$SECONDS
+for queue in "$@"; do
+  for item in $queue; do
+    [[ "$item" =~ ^[a-z0-9-]+:[0-9]+$ ]] || { echo "not RECIPE:SEED: '$item'" >&2; exit 2; }
+  done
+done
+MODEL=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["pretrain"]["models"][0])' \
+  "${PRETRAIN_CONFIG:-config/gpu.yaml}") || exit 2
+mkdir -p "$QUEUE_DIR/out" "$OUT"
+QLOG="$QUEUE_DIR/queue.log"
+note() { echo "=== queue $(date -u +%T) +$((SECONDS - START))s $*" | tee -a "$QLOG"; }
+
+work() {  # GPU index, its queue
+  local gpu=$1 item recipe seed run left
+  for item in $2; do
+    recipe=${item%%:*} seed=${item##*:}
+    run="${MODEL}_${recipe}_s${seed}"
+    if [ -f "$QUEUE_DIR/out/$run.eval.json" ]; then
+      continue
+    fi
+    left=$((DEADLINE_S - (SECONDS - START)))
+    if [ "$left" -lt "${MIN_LEFT_S:-60}" ]; then
+      note "gpu $gpu: ${left}s left, $run waits for the next call"
+      break
+    fi
+    note "gpu $gpu: $run (${left}s left)"
+    CUDA_VISIBLE_DEVICES=$gpu OUT="$QUEUE_DIR/out" DEADLINE_S=$left EVAL_RESERVE_S=0 \
+      EVAL_MIN_S=${EVAL_MIN_S:-200} KILL_AFTER_S=${KILL_AFTER_S:-20} RESUME_ONLY=${NO_NEW_RUNS:-0} \
+      bash scripts/h200_pretrain.sh "$recipe" "$seed" >>"$QUEUE_DIR/gpu$gpu.txt" 2>&1
+    note "gpu $gpu: $run rc $? ($(grep -h '^=== .* \(train\|eval\): rc' "$QUEUE_DIR/out/$run.log" | tail -2 \
+      | sed 's/^=== [^ ]* [^ ]* +[0-9]*s //' | tr '\n' ' '))"
+  done
+}
+
+note "start: $# GPU queue(s), deadline ${DEADLINE_S}s, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
+gpu=0
+for queue in "$@"; do
+  work "$gpu" "$queue" &
+  gpu=$((gpu + 1))
+done
+wait
+done_runs=$(cd "$QUEUE_DIR/out" && ls -- *.eval.json 2>/dev/null | sed 's/\.eval\.json$//' | tr '\n' ' ')
+note "end: evaluated so far: ${done_runs:-none}"
+cp "$QLOG" "$OUT/queue.log"
+(cd "$QUEUE_DIR" && tar -czf "$OUT/queue.tar.gz" out queue.log gpu*.txt)
