@@ -37,11 +37,16 @@ def gemm_frame(gemms: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).drop_duplicates(["shape", "series"])
 
 
+def tokens_label(n: int) -> str:
+    return f"{n // 1024}k" if n % 1024 == 0 else str(n)
+
+
 def layer_frame(layers: pd.DataFrame) -> pd.DataFrame:
     """Long frame (layer, series, speed-up over nn.Linear bf16) of every variant and peer."""
     rows = []
+    several = layers["tokens"].nunique() > 1
     for r in layers.itertuples():
-        layer = f"{int(r.in_features)}→{int(r.out_features)}"
+        layer = f"{int(r.in_features)}→{int(r.out_features)}" + (f"\n×{tokens_label(int(r.tokens))}" if several else "")
         base = r.peers["nn.Linear-bf16"]
         rows.append({"layer": layer, "series": r.variant, "value": r.figure / base})
         rows.extend({"layer": layer, "series": f"{name} (peer)", "value": v / base}
@@ -119,8 +124,8 @@ def main(argv: list[str] | None = None) -> None:
         below(ax, "layer variant", -0.1)
         scale(ax, "y", [*frame["value"], 1.0])
         tokens = sorted({int(t) for t in layers["tokens"]})
-        ax.set_title(f"linear layer fwd+bwd, {', '.join(map(str, tokens))} tokens")
-    ax.set_xlabel("layer (in→out features)")
+        ax.set_title(f"linear layer fwd+bwd, {', '.join(map(tokens_label, tokens))} tokens")
+    ax.set_xlabel("layer (in→out features" + (", × tokens)" if not layers.empty and layers["tokens"].nunique() > 1 else ")"))
     ax.set_ylabel(f"speed-up over nn.Linear bf16 (×{SCALE_NOTE[ax.get_yscale()]})")
     fig.suptitle(f"Throughput against same-run ceilings — {common.device_label(docs)}")
     common.save(fig, args, docs)

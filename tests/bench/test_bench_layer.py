@@ -1,7 +1,7 @@
 """Linear-layer forward + backward per recipe, beside nn.Linear bf16 and torchao float8, same run.
 
 One benchmark per (variant, layer shape): ``torch.autograd.grad`` of the layer's output for X and W
-(no bias, as in Llama), bf16 operands, ``TOKENS`` tokens. Work = the three GEMMs, 6·T·in·out flop;
+(no bias, as in Llama), bf16 operands, each shape's token count. Work = the three GEMMs, 6·T·in·out flop;
 the figure is TFLOP/s of that work, so ratios between figures are speed-ups.
 
 Peers, timed in the same process: ``nn.Linear-bf16`` (cuBLAS bf16, eager) and, on CUDA where
@@ -10,7 +10,10 @@ torchao imports, ``torchao-float8-rowwise`` (``convert_to_float8_training`` with
 (cuBLAS FP8 rowwise on the H200) at the forward GEMM's shape.
 
 Target on the H200 (issue 3): the ``iht`` variant >= 1.5x ``nn.Linear-bf16`` at Llama-3 8B shapes,
-16k tokens. No timing asserts: ``experiments/layer_bench.py`` collects the JSON.
+16k tokens. The gpu profile adds the layers of our 125m pretraining model at its 64k tokens a step
+(where the end-to-end throughput is decided) and a 256-token layer whose GPU work is negligible:
+its time is the host's cost of one fwd+bwd (Python, checks, kernel launches), the bound of the
+eager quantized training steps. No timing asserts: ``experiments/layer_bench.py`` collects the JSON.
 """
 
 import functools
@@ -25,12 +28,14 @@ from adahop import ops
 
 CUDA = torch.cuda.is_available()
 PROFILE = os.environ.get("ADAHOP_BENCH_PROFILE") or ("gpu" if CUDA else "smoke")  # as tests/bench/conftest.py
-TOKENS = {"smoke": 128, "gpu": 16384}[PROFILE]
-# (name, (in_features, out_features)): Llama-3 8B's projections on the GPU.
+# (name, (tokens, in_features, out_features)): Llama-3 8B's projections at 16k tokens, our 125m
+# model's at 64k, and a layer too small to occupy the GPU (host overhead) on the GPU.
 LAYERS = {
-    "smoke": [("128-128", (128, 128)), ("128-256", (128, 256))],
-    "gpu": [("llama3-8b-q/o", (4096, 4096)), ("llama3-8b-k/v", (4096, 1024)),
-            ("llama3-8b-gate/up", (4096, 14336)), ("llama3-8b-down", (14336, 4096))],
+    "smoke": [("128-128", (128, 128, 128)), ("128-256", (128, 128, 256))],
+    "gpu": [("llama3-8b-q/o", (16384, 4096, 4096)), ("llama3-8b-k/v", (16384, 4096, 1024)),
+            ("llama3-8b-gate/up", (16384, 4096, 14336)), ("llama3-8b-down", (16384, 14336, 4096)),
+            ("ours-125m-attn-64k", (65536, 768, 768)), ("ours-125m-gate/up-64k", (65536, 768, 2048)),
+            ("ours-125m-down-64k", (65536, 2048, 768)), ("host-overhead-256", (256, 256, 256))],
 }[PROFILE]
 # variant -> (recipe, overrides): every strategy of the layer, each on all three GEMMs it allows.
 VARIANTS = {
@@ -66,11 +71,11 @@ def torchao_rowwise(fin: int, fout: int, device: torch.device) -> tuple[nn.Modul
 @pytest.mark.parametrize("shape", [s for _, s in LAYERS], ids=[n for n, _ in LAYERS])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_layer_fwd_bwd(benchmark, bench, variant, shape):
-    fin, fout = shape
+    tokens, fin, fout = shape
     recipe, overrides = VARIANTS[variant]
     device = bench.device
-    x = bench.randn(TOKENS, fin, seed=1).requires_grad_()
-    gy = bench.randn(TOKENS, fout, seed=2)
+    x = bench.randn(tokens, fin, seed=1).requires_grad_()
+    gy = bench.randn(tokens, fout, seed=2)
     linear = nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16)
     layer = adahop.convert(nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16), recipe, **overrides)
     peers = {"nn.Linear-bf16": fwd_bwd(linear, x, gy)}
@@ -80,13 +85,13 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
         peers["torchao-float8-rowwise"] = lambda: torch.autograd.grad(ao_layer(x), (x, ao_weight), gy)
     ceiling, _ = bench.ceilings.names_for_gemm()
     info = bench.run(
-        benchmark, fwd_bwd(layer, x, gy), op=f"linear fwd+bwd [{variant}]", shape=(TOKENS, fin, fout),
-        dtype="bf16 in/out, mxfp4 GEMMs", work=6 * TOKENS * fin * fout, unit="TFLOP/s", ceiling=ceiling,
-        ceiling_shape=(TOKENS, fout, fin), peers=peers, gemm_path=ops.gemm_path(device).value,
+        benchmark, fwd_bwd(layer, x, gy), op=f"linear fwd+bwd [{variant}]", shape=(tokens, fin, fout),
+        dtype="bf16 in/out, mxfp4 GEMMs", work=6 * tokens * fin * fout, unit="TFLOP/s", ceiling=ceiling,
+        ceiling_shape=(tokens, fout, fin), peers=peers, gemm_path=ops.gemm_path(device).value,
     )
     if info is not None:
         benchmark.extra_info["layer"] = {
-            "variant": variant, "recipe": recipe, "overrides": overrides, "tokens": TOKENS,
+            "variant": variant, "recipe": recipe, "overrides": overrides, "tokens": tokens,
             "in_features": fin, "out_features": fout,
             "strategies": {k: v.value for k, v in layer.strategies.items()},
             "speedup_vs_bf16": info["ratio_to_peers"]["nn.Linear-bf16"],
