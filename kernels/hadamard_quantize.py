@@ -222,6 +222,15 @@ _tuned_kernel = triton.autotune(
 )(_hadamard_quantize_kernel)
 
 
+@functools.lru_cache(maxsize=None)
+def _scale_split(size: int) -> tuple[float, float]:
+    """``1/sqrt(size)`` as an fp32 pair ``hi + lo`` (each exactly representable; cached: the
+    tensors that round it would cost host time on every launch)."""
+    c = 1.0 / size**0.5
+    hi = float(torch.tensor(c, dtype=torch.float64).float())
+    return hi, float(torch.tensor(c - hi, dtype=torch.float64).float())
+
+
 @functools.lru_cache(maxsize=16)
 def _hadamard_pm1(size: int, device: torch.device) -> torch.Tensor:
     """The ±1 Sylvester matrix ``(size, size)`` (fp32) with its columns permuted for the MMA layout.
@@ -323,8 +332,7 @@ def _quantize(
     out_k = empty(m, k) if along_k else None
     out_m = empty(k, m) if along_m else None
     if m and k:
-        c = 1.0 / hadamard_size**0.5
-        c_hi = float(torch.tensor(c, dtype=torch.float64).float())
+        c_hi, c_lo = _scale_split(hadamard_size)
         args = dict(
             x_ptr=x, stride_m=x.stride(0), stride_k=x.stride(1), M=m, K=k,
             codes_ptr=out_k.codes if out_k else x, scales_ptr=out_k.scales if out_k else x,
@@ -332,7 +340,7 @@ def _quantize(
             codes_t_ptr=out_m.codes if out_m else x, scales_t_ptr=out_m.scales if out_m else x,
             signs_t_ptr=signs_t if signs_t is not None else x, seed_t=seed | TRANSPOSED_STREAM,
             h_ptr=_hadamard_pm1(hadamard_size, x.device) if hadamard_size in HADAMARD_SIZES else x,
-            c_hi=c_hi, c_lo=float(torch.tensor(c - c_hi, dtype=torch.float64).float()),
+            c_hi=c_hi, c_lo=c_lo,
             ALONG_K=along_k is not None, ALONG_M=along_m is not None,
             HADAMARD=bool(along_k and along_k.hadamard), HADAMARD_T=bool(along_m and along_m.hadamard),
             HAS_SIGNS=signs is not None, HAS_SIGNS_T=signs_t is not None,
