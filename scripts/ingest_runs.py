@@ -1,0 +1,118 @@
+"""Put the pretraining runs that came back from a GPU machine into results/, refusing to lose any.
+
+    python scripts/ingest_runs.py /work/.device/7/queue.tar.gz --logs results/logs/<session> [--profile gpu]
+    python scripts/ingest_runs.py /work/.device/3 --logs results/logs/<session>      # a folder of files
+
+Reads what scripts/h200_queue.sh (an archive with ``out/<run>.*``) or scripts/h200_pretrain.sh (a
+folder with ``<run>.*``) leave, and for every run:
+
+* ``<run>.pretrain.json`` -> ``results/pretrain/<profile>/<run>.json``,
+  ``<run>.eval.json`` -> ``results/eval/<profile>/<run>.json``;
+* ``<run>.log`` and ``<run>.metrics.jsonl`` (gzip-compressed) -> the ``--logs`` folder, with the
+  queue's ``queue.log`` and ``gpu<i>.txt`` from an archive.
+
+A results file already there with other contents is never replaced unless ``--replace`` names the
+run (the old file's provenance is printed first); an identical one is left as it is. Every results
+file must carry a provenance with a clean commit (``git_dirty`` false), else it is refused. Then
+``results/eval/<profile>/table.md`` and ``.csv`` are regenerated. Prints one line per file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from adahop.eval import write_table
+from adahop.provenance import REPO_ROOT, read_results
+
+KINDS = {".pretrain.json": "pretrain", ".eval.json": "eval"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("source", type=Path, help="queue.tar.gz from scripts/h200_queue.sh, or a folder of run files")
+    p.add_argument("--logs", type=Path, required=True, help="folder for the runs' logs and metrics (e.g. results/logs/<session>)")
+    p.add_argument("--profile", default="gpu", help="results/<stage>/<profile>/ (default gpu)")
+    p.add_argument("--results-root", type=Path, default=REPO_ROOT / "results", help=argparse.SUPPRESS)
+    p.add_argument("--replace", nargs="*", default=[], metavar="RUN", help="runs whose differing results may be replaced")
+    return p.parse_args(argv)
+
+
+def run_files(folder: Path) -> dict[str, dict[str, Path]]:
+    """``{run: {suffix: path}}`` of the files in ``folder`` (``<run>.pretrain.json`` and the rest)."""
+    runs: dict[str, dict[str, Path]] = {}
+    for path in sorted(folder.iterdir()):
+        for suffix in (*KINDS, ".log", ".metrics.jsonl"):
+            if path.name.endswith(suffix):
+                runs.setdefault(path.name[: -len(suffix)], {})[suffix] = path
+    return runs
+
+
+def ingest(folder: Path, args: argparse.Namespace) -> int:
+    runs = run_files(folder)
+    if not runs:
+        print(f"ingest: no run files in {args.source}", file=sys.stderr)
+        return 1
+    refused = 0
+    args.logs.mkdir(parents=True, exist_ok=True)
+    for run, files in runs.items():
+        for suffix, stage in KINDS.items():
+            if suffix not in files:
+                continue
+            doc = read_results(files[suffix])  # raises on a file outside the convention
+            prov = doc["provenance"]
+            if prov.get("git_dirty") is not False or not prov.get("git_commit"):
+                print(f"refused {files[suffix].name}: provenance has commit {prov.get('git_commit')!r}, "
+                      f"dirty {prov.get('git_dirty')!r} (results must name a clean commit)")
+                refused += 1
+                continue
+            dest = args.results_root / stage / args.profile / f"{run}.json"
+            new = files[suffix].read_bytes()
+            if dest.exists() and dest.read_bytes() == new:
+                print(f"same     {dest}")
+                continue
+            if dest.exists() and run not in args.replace:
+                old = read_results(dest)["provenance"]
+                print(f"refused  {dest}: a different file is there (commit {old.get('git_commit', '?')[:7]}, "
+                      f"{old.get('date')}); --replace {run} to replace it")
+                refused += 1
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            verb = "replaced" if dest.exists() else "wrote   "
+            shutil.copyfile(files[suffix], dest)
+            print(f"{verb} {dest} (commit {prov['git_commit'][:7]})")
+        if ".log" in files:
+            shutil.copyfile(files[".log"], args.logs / f"{run}.log")
+        if ".metrics.jsonl" in files:
+            with open(files[".metrics.jsonl"], "rb") as src, gzip.open(args.logs / f"{run}.metrics.jsonl.gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        print(f"logs     {run} -> {args.logs}")
+    eval_dir = args.results_root / "eval" / args.profile
+    if any(eval_dir.glob("*.json")):
+        md, csv = write_table(eval_dir)
+        print(f"table    {md}, {csv}")
+    return 1 if refused else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.source.is_dir():
+        return ingest(args.source, args)
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(args.source) as tar:
+        tar.extractall(tmp, filter="data")
+        root = Path(tmp)
+        status = ingest(root / "out" if (root / "out").is_dir() else root, args)
+        # The queue's own logs (cumulative over the session's calls: a later archive's supersede).
+        for path in sorted([*root.glob("queue.log"), *root.glob("gpu*.txt")]):
+            shutil.copyfile(path, args.logs / path.name)
+            print(f"logs     {path.name} -> {args.logs}")
+        return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""scripts/ingest_runs.py: device run files into results/ without losing or silently replacing any."""
+
+import gzip
+import importlib.util
+import json
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from adahop.provenance import read_results
+
+REPO = Path(__file__).resolve().parent.parent
+RUN = "125m_bf16_s0"  # a committed run: its files stand for what a device call brings back
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("ingest_runs", REPO / "scripts" / "ingest_runs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def device_files(tmp_path) -> Path:
+    """What scripts/h200_pretrain.sh leaves for one run."""
+    folder = tmp_path / "device"
+    folder.mkdir()
+    shutil.copy(REPO / "results" / "pretrain" / "gpu" / f"{RUN}.json", folder / f"{RUN}.pretrain.json")
+    shutil.copy(REPO / "results" / "eval" / "gpu" / f"{RUN}.json", folder / f"{RUN}.eval.json")
+    (folder / f"{RUN}.log").write_text("=== the run's log\n")
+    (folder / f"{RUN}.metrics.jsonl").write_text('{"step": 1, "loss": 10.5}\n')
+    return folder
+
+
+def ingest(tmp_path: Path, source: Path, *extra: str) -> int:
+    return load_script().main([str(source), "--logs", str(tmp_path / "logs"), "--results-root",
+                               str(tmp_path / "results"), *extra])
+
+
+def test_files_land_under_results_and_logs_and_the_table_is_written(tmp_path, device_files, capsys):
+    assert ingest(tmp_path, device_files) == 0
+    results = tmp_path / "results"
+    assert (results / "pretrain" / "gpu" / f"{RUN}.json").read_bytes() == (device_files / f"{RUN}.pretrain.json").read_bytes()
+    assert read_results(results / "eval" / "gpu" / f"{RUN}.json")["records"]
+    assert (results / "eval" / "gpu" / "table.md").exists() and (results / "eval" / "gpu" / "table.csv").exists()
+    assert (tmp_path / "logs" / f"{RUN}.log").read_text() == "=== the run's log\n"
+    assert gzip.decompress((tmp_path / "logs" / f"{RUN}.metrics.jsonl.gz").read_bytes()) == b'{"step": 1, "loss": 10.5}\n'
+    # the same files again: nothing to do
+    assert ingest(tmp_path, device_files) == 0
+    assert capsys.readouterr().out.count("same") == 2
+
+
+def test_a_different_result_is_refused_unless_replace_names_the_run(tmp_path, device_files, capsys):
+    assert ingest(tmp_path, device_files) == 0
+    dest = tmp_path / "results" / "pretrain" / "gpu" / f"{RUN}.json"
+    kept = dest.read_bytes()
+    doc = json.loads((device_files / f"{RUN}.pretrain.json").read_text())
+    doc["records"][0]["final_val_loss"] = 9.9  # a rerun that came out differently
+    (device_files / f"{RUN}.pretrain.json").write_text(json.dumps(doc))
+    assert ingest(tmp_path, device_files) == 1
+    assert dest.read_bytes() == kept and f"--replace {RUN}" in capsys.readouterr().out
+    assert ingest(tmp_path, device_files, "--replace", RUN) == 0
+    assert read_results(dest)["records"][0]["final_val_loss"] == 9.9
+
+
+def test_a_result_of_a_dirty_tree_is_refused(tmp_path, device_files, capsys):
+    doc = json.loads((device_files / f"{RUN}.eval.json").read_text())
+    doc["provenance"]["git_dirty"] = True
+    (device_files / f"{RUN}.eval.json").write_text(json.dumps(doc))
+    assert ingest(tmp_path, device_files) == 1
+    assert not (tmp_path / "results" / "eval" / "gpu" / f"{RUN}.json").exists()
+    assert "must name a clean commit" in capsys.readouterr().out
+
+
+def test_a_queue_archive_with_its_logs(tmp_path, device_files):
+    (device_files / "queue.log").write_text("=== queue start\n")
+    archive = tmp_path / "queue.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        for path in device_files.iterdir():
+            tar.add(path, arcname=path.name if path.name == "queue.log" else f"out/{path.name}")
+    assert ingest(tmp_path, archive) == 0
+    assert (tmp_path / "results" / "pretrain" / "gpu" / f"{RUN}.json").exists()
+    assert (tmp_path / "logs" / "queue.log").read_text() == "=== queue start\n"
+
+
+def test_no_run_files_is_an_error(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert ingest(tmp_path, tmp_path / "empty") == 1
