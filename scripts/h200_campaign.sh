@@ -13,6 +13,7 @@
 # Each stage writes one results file (or log) under $OUT; the lead copies them into results/<stage>/gpu/
 # (a throughput run's RUN.json and the profile tables into results/throughput/gpu/).
 # Set ADAHOP_GIT_COMMIT / ADAHOP_GIT_DIRTY: the device's copy of the tree has no .git.
+# STAGE_TIMEOUT_S overrides every stage's time limit (scripts/h200_queue.sh gives a stage the time left).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/device_env.sh
@@ -24,21 +25,21 @@ for s in "$@"; do
   case "$s" in
     tests)
       stage tests
-      timeout 240 python3 -m pytest tests/kernels tests/test_formats.py -q -x -p no:cacheprovider 2>&1 | tail -25 | tee -a "$LOG" ;;
+      timeout "${STAGE_TIMEOUT_S:-240}" python3 -m pytest tests/kernels tests/test_formats.py -q -x -p no:cacheprovider 2>&1 | tail -25 | tee -a "$LOG" ;;
     microbench)
       stage microbench
-      timeout 300 python3 experiments/microbench.py --config config/gpu.yaml --out "$OUT/kernels.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
+      timeout "${STAGE_TIMEOUT_S:-300}" python3 experiments/microbench.py --config config/gpu.yaml --out "$OUT/kernels.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     layers)
       stage layers
-      timeout 280 python3 experiments/layer_bench.py --config config/gpu.yaml --out "$OUT/layers.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
+      timeout "${STAGE_TIMEOUT_S:-280}" python3 experiments/layer_bench.py --config config/gpu.yaml --out "$OUT/layers.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     memory)
       stage memory
-      timeout 540 python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
+      timeout "${STAGE_TIMEOUT_S:-540}" python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
     patterns)
       stage patterns
       [ -f data/full/train.bin ] || python3 experiments/build_corpus.py --from-bundle data/carry/full --out data/full \
         2>&1 | tail -3 | tee -a "$LOG"
-      timeout "${PATTERNS_TIMEOUT_S:-540}" python3 experiments/patterns.py --config config/gpu.yaml --data data/full \
+      timeout "${STAGE_TIMEOUT_S:-${PATTERNS_TIMEOUT_S:-540}}" python3 experiments/patterns.py --config config/gpu.yaml --data data/full \
         --out "$OUT/patterns.json.gz" --device cuda 2>&1 | tail -20 | tee -a "$LOG" ;;
     throughput-*|profile-*)
       stage "$s"
@@ -57,7 +58,7 @@ print("python3" if n == 1 else f"torchrun --standalone --nproc_per_node={n}", "e
 PY
 ) || { echo "no throughput run $run in config/gpu.yaml" | tee -a "$LOG"; continue; }
       # shellcheck disable=SC2086  # $cmd is words without spaces inside
-      timeout "${THROUGHPUT_TIMEOUT_S:-560}" $cmd --device cuda --no-progress "${extra[@]}" \
+      timeout "${STAGE_TIMEOUT_S:-${THROUGHPUT_TIMEOUT_S:-560}}" $cmd --device cuda --no-progress "${extra[@]}" \
         --results "$OUT/$run.json" 2>&1 | tail -12 | tee -a "$LOG" ;;
     *) echo "unknown stage $s" >&2; exit 2 ;;
   esac

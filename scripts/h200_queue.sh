@@ -4,6 +4,9 @@
 #
 #   ADAHOP_GIT_COMMIT=<sha> ADAHOP_GIT_DIRTY=0 bash scripts/h200_queue.sh "RECIPE:SEED ..." ["RECIPE:SEED ..."]
 #
+# An item may also be stage:microbench, stage:layers, stage:memory or stage:patterns: that stage of
+# scripts/h200_campaign.sh, given the time left (a stage cannot resume; its results file, under
+# stages/ in the archive, marks it done).
 # One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...): the runs that GPU works through in order,
 # each by scripts/h200_pretrain.sh with the time left in this call. A run resumes from its checkpoint
 # (a warm machine keeps them between calls); one that cannot finish is stopped at the deadline by
@@ -36,26 +39,47 @@ DEADLINE_S=${DEADLINE_S:-550}
 QUEUE_DIR=${QUEUE_DIR:-/tmp/adahop_queue}
 OUT=${OUT:-/tmp/out}
 START=$SECONDS
+# A campaign stage an item may name, and the results file that marks it done.
+declare -A STAGE_FILE=([microbench]=kernels.json [layers]=layers.json [memory]=memory.json [patterns]=patterns.json.gz)
 for queue in "$@"; do
   for item in $queue; do
-    [[ "$item" =~ ^[a-z0-9-]+:[0-9]+$ ]] || { echo "not RECIPE:SEED: '$item'" >&2; exit 2; }
+    if [[ "$item" =~ ^stage:(.*)$ ]]; then
+      [ -n "${STAGE_FILE[${BASH_REMATCH[1]}]:-}" ] || { echo "unknown stage in '$item' (${!STAGE_FILE[*]})" >&2; exit 2; }
+    elif ! [[ "$item" =~ ^[a-z0-9-]+:[0-9]+$ ]]; then
+      echo "not RECIPE:SEED or stage:NAME: '$item'" >&2
+      exit 2
+    fi
   done
 done
 MODEL=$(python3 -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["pretrain"]["models"][0])' \
   "${PRETRAIN_CONFIG:-config/gpu.yaml}") || exit 2
-mkdir -p "$QUEUE_DIR/out" "$OUT"
+mkdir -p "$QUEUE_DIR/out" "$QUEUE_DIR/stages" "$OUT"
 QLOG="$QUEUE_DIR/queue.log"
 note() { echo "=== queue $(date -u +%T) +$((SECONDS - START))s $*" | tee -a "$QLOG"; }
 
 work() {  # GPU index, its queue
   local gpu=$1 item recipe seed run left
   for item in $2; do
+    left=$((DEADLINE_S - (SECONDS - START)))
+    if [[ "$item" == stage:* ]]; then  # a whole campaign stage, in one go (it cannot resume)
+      local stage=${item#stage:}
+      [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && continue
+      if [ "$left" -lt "${MIN_LEFT_S:-60}" ] || [ "${NO_NEW_RUNS:-0}" = 1 ]; then
+        note "gpu $gpu: ${left}s left, stage $stage waits for the next session"
+        break
+      fi
+      note "gpu $gpu: stage $stage (${left}s left)"
+      CUDA_VISIBLE_DEVICES=$gpu OUT="$QUEUE_DIR/stages" STAGE_TIMEOUT_S=$left \
+        bash scripts/h200_campaign.sh "$stage" >>"$QUEUE_DIR/gpu$gpu.txt" 2>&1
+      note "gpu $gpu: stage $stage rc $? ($( [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && echo wrote \
+        "${STAGE_FILE[$stage]}" || echo 'no results file'))"
+      continue
+    fi
     recipe=${item%%:*} seed=${item##*:}
     run="${MODEL}_${recipe}_s${seed}"
     if [ -f "$QUEUE_DIR/out/$run.eval.json" ]; then
       continue
     fi
-    left=$((DEADLINE_S - (SECONDS - START)))
     if [ "$left" -lt "${MIN_LEFT_S:-60}" ]; then
       note "gpu $gpu: ${left}s left, $run waits for the next call"
       break
@@ -72,6 +96,7 @@ work() {  # GPU index, its queue
 note "start: $# GPU queue(s), deadline ${DEADLINE_S}s, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
 gpu=0
 for queue in "$@"; do
+  touch "$QUEUE_DIR/gpu$gpu.txt"
   work "$gpu" "$queue" &
   gpu=$((gpu + 1))
 done
@@ -79,4 +104,4 @@ wait
 done_runs=$(cd "$QUEUE_DIR/out" && ls -- *.eval.json 2>/dev/null | sed 's/\.eval\.json$//' | tr '\n' ' ')
 note "end: evaluated so far: ${done_runs:-none}"
 cp "$QLOG" "$OUT/queue.log"
-(cd "$QUEUE_DIR" && tar -czf "$OUT/queue.tar.gz" out queue.log gpu*.txt)
+(cd "$QUEUE_DIR" && tar -czf "$OUT/queue.tar.gz" out stages queue.log gpu*.txt)

@@ -1,4 +1,4 @@
-"""Put the pretraining runs that came back from a GPU machine into results/, refusing to lose any.
+"""Put the pretraining runs (and stage results) that came back from a GPU machine into results/, losing none.
 
     python scripts/ingest_runs.py /work/.device/7/queue.tar.gz --logs results/logs/<session> [--profile gpu]
     python scripts/ingest_runs.py /work/.device/3 --logs results/logs/<session>      # a folder of files
@@ -12,7 +12,13 @@ folder with ``<run>.*``) leave, and for every run:
   queue's ``queue.log`` and ``gpu<i>.txt`` from an archive.
 
 A results file already there with other contents is never replaced unless ``--replace`` names the
-run (the old file's provenance is printed first); an identical one is left as it is. Every results
+run (the old file's provenance is printed first); an identical one is left as it is.
+
+An archive's ``stages/`` (its ``stage:NAME`` items) go to their stage's folder: ``kernels.json`` ->
+``results/microbench/<profile>/``, ``layers.json`` -> ``results/layer_bench/<profile>/``,
+``memory.json`` -> ``results/memory/<profile>/``, ``patterns.json.gz`` -> ``results/patterns/<profile>/``.
+A different file already there is kept as ``<name>-<its commit>`` beside the new one, with
+``--replace-stages`` only. Every results
 file must carry a provenance with a clean commit (``git_dirty`` false), else it is refused. Then
 ``results/eval/<profile>/table.md`` and ``.csv`` are regenerated. Prints one line per file.
 """
@@ -31,6 +37,8 @@ from adahop.eval import write_table
 from adahop.provenance import REPO_ROOT, read_results
 
 KINDS = {".pretrain.json": "pretrain", ".eval.json": "eval"}
+STAGE_FILES = {"kernels.json": "microbench", "layers.json": "layer_bench", "memory.json": "memory",
+               "patterns.json.gz": "patterns"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -40,6 +48,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--profile", default="gpu", help="results/<stage>/<profile>/ (default gpu)")
     p.add_argument("--results-root", type=Path, default=REPO_ROOT / "results", help=argparse.SUPPRESS)
     p.add_argument("--replace", nargs="*", default=[], metavar="RUN", help="runs whose differing results may be replaced")
+    p.add_argument("--replace-stages", action="store_true",
+                   help="file a stage's new results, keeping the one there as <name>-<its commit>")
     return p.parse_args(argv)
 
 
@@ -53,6 +63,48 @@ def run_files(folder: Path) -> dict[str, dict[str, Path]]:
     return runs
 
 
+def clean_provenance(path: Path) -> str | None:
+    """Why ``path``'s provenance cannot be filed (no commit, or a dirty tree), or None."""
+    prov = read_results(path)["provenance"]  # raises on a file outside the convention
+    if prov.get("git_dirty") is not False or not prov.get("git_commit"):
+        return (f"provenance has commit {prov.get('git_commit')!r}, dirty {prov.get('git_dirty')!r} "
+                "(results must name a clean commit)")
+    return None
+
+
+def ingest_stages(folder: Path, args: argparse.Namespace) -> int:
+    """File the stage results in ``folder``; the number refused."""
+    refused = 0
+    for name, stage in STAGE_FILES.items():
+        src = folder / name
+        if not src.exists():
+            continue
+        why = clean_provenance(src)
+        dest = args.results_root / stage / args.profile / name
+        if why:
+            print(f"refused  {name}: {why}")
+            refused += 1
+            continue
+        if dest.exists() and dest.read_bytes() == src.read_bytes():
+            print(f"same     {dest}")
+            continue
+        if dest.exists():
+            commit = read_results(dest)["provenance"].get("git_commit", "unknown")[:7]
+            stem, suffix = name.split(".", 1)
+            keep = dest.with_name(f"{stem}-{commit}.{suffix}")
+            if not args.replace_stages or keep.exists():
+                why = f"{keep.name} exists too" if keep.exists() else "--replace-stages to file it"
+                print(f"refused  {dest}: a different file is there (commit {commit}); {why}")
+                refused += 1
+                continue
+            dest.rename(keep)
+            print(f"kept     {keep} (the file it replaces)")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, dest)
+        print(f"wrote    {dest} (commit {read_results(dest)['provenance']['git_commit'][:7]})")
+    return refused
+
+
 def ingest(folder: Path, args: argparse.Namespace) -> int:
     runs = run_files(folder)
     if not runs:
@@ -64,13 +116,12 @@ def ingest(folder: Path, args: argparse.Namespace) -> int:
         for suffix, stage in KINDS.items():
             if suffix not in files:
                 continue
-            doc = read_results(files[suffix])  # raises on a file outside the convention
-            prov = doc["provenance"]
-            if prov.get("git_dirty") is not False or not prov.get("git_commit"):
-                print(f"refused {files[suffix].name}: provenance has commit {prov.get('git_commit')!r}, "
-                      f"dirty {prov.get('git_dirty')!r} (results must name a clean commit)")
+            why = clean_provenance(files[suffix])
+            if why:
+                print(f"refused  {files[suffix].name}: {why}")
                 refused += 1
                 continue
+            prov = read_results(files[suffix])["provenance"]
             dest = args.results_root / stage / args.profile / f"{run}.json"
             new = files[suffix].read_bytes()
             if dest.exists() and dest.read_bytes() == new:
@@ -106,9 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(args.source) as tar:
         tar.extractall(tmp, filter="data")
         root = Path(tmp)
-        status = ingest(root / "out" if (root / "out").is_dir() else root, args)
+        runs_dir, stages_dir = (root / "out" if (root / "out").is_dir() else root), root / "stages"
+        status = 0
+        if run_files(runs_dir) or not stages_dir.is_dir():
+            status = ingest(runs_dir, args)
+        if stages_dir.is_dir():
+            status = max(status, 1 if ingest_stages(stages_dir, args) else 0)
         # The queue's own logs (cumulative over the session's calls: a later archive's supersede).
-        for path in sorted([*root.glob("queue.log"), *root.glob("gpu*.txt")]):
+        args.logs.mkdir(parents=True, exist_ok=True)
+        for path in sorted([*root.glob("queue.log"), *root.glob("gpu*.txt"), *stages_dir.glob("campaign.log")]):
             shutil.copyfile(path, args.logs / path.name)
             print(f"logs     {path.name} -> {args.logs}")
         return status

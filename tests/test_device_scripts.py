@@ -177,7 +177,19 @@ def test_queue_works_through_each_gpu_list_and_the_next_call_continues(bundle, t
     assert "evaluated so far: tiny_bf16_s0 tiny_bf16_s1 tiny_mxfp4_s0" in third.stdout
 
 
-def test_queue_refuses_a_malformed_item(bundle, tmp_path):
+@pytest.mark.parametrize("item, message", [("bf16-0", "not RECIPE:SEED or stage:NAME: 'bf16-0'"),
+                                           ("stage:bogus", "unknown stage in 'stage:bogus'")])
+def test_queue_refuses_a_malformed_item(bundle, tmp_path, item, message):
     _, bundle_dir = bundle
-    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16-0", script=QUEUE)
-    assert done.returncode == 2 and "not RECIPE:SEED: 'bf16-0'" in done.stderr
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), item, script=QUEUE)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_queue_skips_a_stage_whose_results_file_is_there(bundle, tmp_path):
+    _, bundle_dir = bundle
+    stages = tmp_path / "queue" / "stages"
+    stages.mkdir(parents=True)
+    (stages / "layers.json").write_text("{}")  # done by an earlier call
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "stage:layers", script=QUEUE)
+    assert done.returncode == 0 and "stage layers" not in done.stdout
+    assert archive(tmp_path / "out")["stages/layers.json"] == b"{}"

@@ -88,3 +88,23 @@ def test_a_queue_archive_with_its_logs(tmp_path, device_files):
 def test_no_run_files_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     assert ingest(tmp_path, tmp_path / "empty") == 1
+
+
+def test_stage_results_of_an_archive_keep_the_file_they_replace(tmp_path, capsys):
+    stages = tmp_path / "archive" / "stages"
+    stages.mkdir(parents=True)
+    new = REPO / "results" / "layer_bench" / "gpu" / "layers.json"
+    old = REPO / "results" / "layer_bench" / "gpu" / "layers-69dc9c0.json"
+    shutil.copy(new, stages / "layers.json")
+    archive = tmp_path / "queue.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(stages, arcname="stages")
+    dest = tmp_path / "results" / "layer_bench" / "gpu" / "layers.json"
+    dest.parent.mkdir(parents=True)
+    shutil.copy(old, dest)  # an earlier run's file is there
+    assert ingest(tmp_path, archive) == 1  # refused without --replace-stages
+    assert dest.read_bytes() == old.read_bytes() and "--replace-stages" in capsys.readouterr().out
+    assert ingest(tmp_path, archive, "--replace-stages") == 0
+    assert dest.read_bytes() == new.read_bytes()
+    assert (dest.parent / "layers-69dc9c0.json").read_bytes() == old.read_bytes()
+    assert ingest(tmp_path, archive) == 0 and "same" in capsys.readouterr().out
