@@ -28,8 +28,9 @@ boundary: that step is checkpointed and the script exits with status 75 (EX_TEMP
 command resumes there. A second SIGTERM ends the process at once.
 
 Settings come from the ``pretrain`` section of the profile: every key that is a field of
-:class:`adahop.train.TrainConfig` is a default, the command line overrides it; other keys of the
-section are the workflow's (the profile's schema checks them).
+:class:`adahop.train.TrainConfig` is a default, the command line overrides it; ``compile_recipes``
+limits the profile's ``compile: true`` to the recipes it names; other keys of the section are the
+workflow's (the profile's schema checks them).
 """
 
 from __future__ import annotations
@@ -87,7 +88,10 @@ class StopOnSignal:
         return trainer
 
     def restore(self) -> None:
+        """Put the previous handler back and let the trainer go (its DDP reducer must be freed
+        before the process group is destroyed, not at interpreter exit, where gloo deadlocks)."""
         signal.signal(signal.SIGTERM, self.previous)
+        self.trainer = None
 
 
 # Command-line flags that override TrainConfig fields of the same name.
@@ -138,8 +142,14 @@ def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
     section = profile.get("pretrain") or {}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in section.items() if k in fields}
-    values.update({k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None})
+    values.update({k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None and k != "compile"})
     values.update(forced)
+    # `compile_recipes`: where the profile compiles, only these recipes do; --compile/--no-compile wins.
+    only = section.get("compile_recipes")
+    if only is not None and values.get("compile"):
+        values["compile"] = values.get("recipe", TrainConfig.recipe) in only
+    if args.compile is not None and "compile" not in forced:
+        values["compile"] = args.compile
     return TrainConfig.from_dict(values)
 
 
@@ -262,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_STOPPED
     finally:
         stop.restore()
+        gc.collect()
         if dist.is_initialized():
             dist.destroy_process_group()
     return 0

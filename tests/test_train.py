@@ -289,6 +289,17 @@ class Halves:
         return self.pending.pop(0)
 
 
+@pytest.mark.parametrize("recipe, flag, compiled", [("bf16", None, True), ("adahop", None, False),
+                                                    ("adahop", "--compile", True), ("bf16", "--no-compile", False)])
+def test_profile_compiles_only_its_compile_recipes_unless_told(tmp_path, recipe, flag, compiled):
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump({"pretrain": {"compile": True, "compile_recipes": ["bf16"], "steps": 3}}))
+    script = load_script()
+    args = script.parse_args(["--config", str(path), "--recipe", recipe, "--data", "d", "--out", "o",
+                              *([flag] if flag else [])])
+    assert script.resolve_config(args).compile is compiled
+
+
 def test_grad_accumulation_matches_the_full_batch():
     """2 micro-batches of 2 sequences against 1 batch of the same 4: the same steps up to float
     summation order."""
