@@ -94,6 +94,9 @@ class StopOnSignal:
         self.trainer = None
 
 
+# Keys of the profile's pretrain section the script reads besides TrainConfig's fields.
+SECTION_KEYS = ("compile_recipes",)
+
 # Command-line flags that override TrainConfig fields of the same name.
 OVERRIDES = ("model", "recipe", "seed", "steps", "batch_size", "grad_accum", "seq_len", "lr", "warmup_steps",
              "eval_interval", "eval_batches", "checkpoint_interval", "max_tokens", "compile", "precision")

@@ -32,3 +32,21 @@ rule eval_table:
     shell:
         # Mean and spread over seeds per task, beside the paper's numbers (adahop/paper_reference.yaml).
         script_cmd("{input.script}", f"--table results/eval/{PROFILE}")
+
+
+rule quality_table:
+    input:
+        script="experiments/quality.py",
+        # pretraining and lm-eval results of every run (with committed results: those done so far)
+        results=results_inputs(
+            [*(results_path("pretrain", run) for run in RUNS), *(results_path("eval", run) for run in RUNS)],
+            partial=True,
+        ),
+    output:
+        md=f"results/quality/{PROFILE}/quality.md",
+        json=f"results/quality/{PROFILE}/quality.json",
+    log:
+        log_path("quality_table"),
+    shell:
+        # Each recipe's gap to bf16 in held-out loss, bits per byte and mean accuracy (adahop.quality).
+        script_cmd("{input.script}", f"--out results/quality/{PROFILE}/quality {{input.results}}")

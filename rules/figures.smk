@@ -24,7 +24,8 @@ FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
 ALL_RESULTS = results_inputs(
     sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
 )
-TABLES = [rules.eval_table.output.md, rules.eval_table.output.csv]
+TABLES = [rules.eval_table.output.md, rules.eval_table.output.csv, rules.quality_table.output.md,
+          rules.quality_table.output.json]
 FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=("png", "pdf"))
 
 

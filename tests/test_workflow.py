@@ -93,7 +93,7 @@ def test_dry_run_resolves_every_stage(workflow, name):
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
     n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
-    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "figure": 7,
+    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "figure": 7,
                       "throughput": len(profile(name)["throughput"]), "all": 1}
 
 
@@ -225,7 +225,7 @@ def test_pattern_study_results_are_compressed_and_other_stages_plain(workflow):
     plain = [p for p in paths if p.endswith(".json")]
     assert compressed == ["results/patterns/gpu/patterns.json.gz"]
     assert {p.split("/")[1] for p in plain} == {"corpus", "microbench", "layer_bench", "memory", "pretrain", "throughput",
-                                                "eval"}
+                                                "eval", "quality"}
 
 
 def test_committed_pattern_results_are_all_compressed():
@@ -253,7 +253,7 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
     committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert committed.returncode == 0, committed.output[-3000:]
     # The figures and the eval table (both cheap, from the results alone) are redrawn; no stage runs.
-    assert job_counts(committed.output) == {"figure": 7, "eval_table": 1, "figures": 1}
+    assert job_counts(committed.output) == {"figure": 7, "eval_table": 1, "quality_table": 1, "figures": 1}
 
     # Without the switch the newer scripts would send every GPU stage to this machine.
     rerun = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml")
@@ -284,10 +284,11 @@ def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(wor
     for run in runs:
         for stage in ("pretrain", "eval"):
             write_empty_results(workflow / f"results/{stage}/gpu/{run}.json")
-    targets = ("paper_figs/out/gpu/fig3_loss.png", "paper_figs/out/gpu/fig6_lm_eval.png", "results/eval/gpu/table.md")
+    targets = ("paper_figs/out/gpu/fig3_loss.png", "paper_figs/out/gpu/fig6_lm_eval.png", "results/eval/gpu/table.md",
+               "results/quality/gpu/quality.md")
     out = snakemake(workflow, "-n", *targets, "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode == 0, out.output[-3000:]
-    assert job_counts(out.output) == {"figure": 2, "eval_table": 1}
+    assert job_counts(out.output) == {"figure": 2, "eval_table": 1, "quality_table": 1}
     assert "2 of 18 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
     # `all` still wants every run
     out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
@@ -353,8 +354,8 @@ def script_keys() -> dict[str, set[str]]:
         "patterns": set(load("patterns").DEFAULTS),
         "eval": set(load("evaluate").DEFAULTS),
         # models × recipes × seeds choose the runs; the rest are TrainConfig fields, one run each.
-        "pretrain": {"models", "recipes", "seeds"} | {f.name for f in dataclasses.fields(TrainConfig)}
-        - {"model", "recipe", "seed"},
+        "pretrain": {"models", "recipes", "seeds", *load("pretrain").SECTION_KEYS}
+        | {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "recipe", "seed"},
     }
 
 

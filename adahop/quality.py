@@ -1,0 +1,124 @@
+"""The quality gap of each recipe to bf16, from pretraining and lm-eval results.
+
+One row per (model, recipe): the seeds found, the final held-out loss (mean, spread, each seed),
+corpus bits per byte, the mean 0-shot accuracy over the benchmark tasks, and each one's gap to the
+bf16 runs of the same model. A gap is given with the bf16 seeds' own spread beside it: with three
+seeds a gap of a few such spreads is as far as the runs can tell recipes apart.
+
+Accuracy per task is ``acc_norm`` where lm-eval reports it, else ``acc`` (as figure 6 shows them
+when the paper reports nothing); a recipe's mean accuracy counts only the tasks all of its seeds
+and bf16's were evaluated on, so a missing task cannot move it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Mapping
+
+CORPUS_TASK, BPB = "corpus_ppl", "bits_per_byte"
+REFERENCE = "bf16"
+
+
+def _accuracy_metric(metrics: set[str]) -> str | None:
+    return "acc_norm" if "acc_norm" in metrics else "acc" if "acc" in metrics else None
+
+
+def _spread(values: list[float]) -> float | None:
+    return statistics.stdev(values) if len(values) > 1 else None
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[str, Any]],
+                 reference: str = REFERENCE) -> list[dict[str, Any]]:
+    """Rows of the gap table from pretraining records (``experiments/pretrain.py``: model, recipe,
+    final_val_loss and ``name`` ``<model>_<recipe>_s<seed>``) and lm-eval records
+    (``experiments/evaluate.py``: task, metric, value, model, recipe, seed; training-forward runs only)."""
+    loss: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for r in pretrain:
+        if r.get("final_val_loss") is None:
+            continue
+        seed = int(str(r["name"]).rsplit("_s", 1)[1])
+        loss[(r["model"], r["recipe"])][seed] = float(r["final_val_loss"])
+    # (model, recipe) -> task -> metric -> seed -> value
+    scores: dict[tuple[str, str], dict[str, dict[str, dict[int, float]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(dict)))
+    for r in evals:
+        if r.get("value") is None or r.get("limit") is not None:
+            continue
+        scores[(r["model"], r["recipe"])][r["task"]][r["metric"]][int(r["seed"])] = float(r["value"])
+
+    def bpb(key) -> dict[int, float]:
+        return dict(scores[key][CORPUS_TASK][BPB]) if key in scores else {}
+
+    def accuracies(key, tasks: set[str]) -> dict[int, float]:
+        """Per seed, the mean accuracy over ``tasks`` (seeds evaluated on all of them only)."""
+        per_seed: dict[int, list[float]] = defaultdict(list)
+        for task in sorted(tasks):
+            metric = _accuracy_metric(set(scores[key][task]))
+            for seed, v in scores[key][task][metric].items():
+                per_seed[seed].append(v)
+        return {s: statistics.fmean(v) for s, v in per_seed.items() if len(v) == len(tasks)}
+
+    rows = []
+    keys = sorted(set(loss) | set(scores), key=lambda k: (k[0], k[1] != reference, k[1]))
+    for model, recipe in keys:
+        key, ref = (model, recipe), (model, reference)
+
+        def tasks_of(k) -> set[str]:
+            return {t for t, ms in scores.get(k, {}).items() if t != CORPUS_TASK and _accuracy_metric(set(ms))}
+
+        common = tasks_of(key) & tasks_of(ref)
+        row: dict[str, Any] = {"model": model, "recipe": recipe,
+                               "seeds": sorted(set(loss.get(key, {})) | set(bpb(key))), "tasks": sorted(common)}
+        for name, mine, theirs in (
+            ("final_val_loss", loss.get(key, {}), loss.get(ref, {})),
+            ("bits_per_byte", bpb(key), bpb(ref)),
+            ("mean_accuracy", accuracies(key, common) if common else {}, accuracies(ref, common) if common else {}),
+        ):
+            m, r = _mean(list(mine.values())), _mean(list(theirs.values()))
+            row[name] = {
+                "per_seed": {str(s): v for s, v in sorted(mine.items())},
+                "mean": m,
+                "sd": _spread(list(mine.values())),
+                "gap_to_" + reference: (m - r) if m is not None and r is not None and recipe != reference else None,
+                reference + "_sd": _spread(list(theirs.values())),
+            }
+        rows.append(row)
+    return rows
+
+
+def _num(x: float | None, digits: int = 3, signed: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str = REFERENCE) -> str:
+    """The rows as a Markdown table, with what each column means."""
+    gap, ref_sd = "gap_to_" + reference, reference + "_sd"
+    lines = [
+        "# Quality gap to bf16",
+        "",
+        "Regenerated by `adahop.quality` from the pretraining and lm-eval results below; do not edit.",
+        f"Each cell: mean over seeds (± sd over seeds); gap: recipe mean − {reference} mean (in brackets, the",
+        f"sd of the {reference} seeds, the scale of seed noise). Accuracy: mean over the tasks listed (acc_norm",
+        "where lm-eval has it, else acc), near 0.25–0.5 (chance) for small models.",
+        "",
+        "| model | recipe | seeds | final held-out loss | gap | bits per byte | gap | mean accuracy | gap | tasks |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        cells = []
+        for name, digits in (("final_val_loss", 3), ("bits_per_byte", 4), ("mean_accuracy", 4)):
+            m = r[name]
+            cells.append(_num(m["mean"], digits) + (f" ± {_num(m['sd'], digits)}" if m["sd"] is not None else ""))
+            cells.append(_num(m[gap], digits, signed=True)
+                         + (f" [{_num(m[ref_sd], digits)}]" if m[gap] is not None and m[ref_sd] is not None else ""))
+        seeds = ", ".join(map(str, r["seeds"])) or "—"
+        lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {len(r['tasks'])} |")
+    lines += ["", "Sources:", *[f"- `{s}`" for s in sources], ""]
+    return "\n".join(lines)

@@ -1,0 +1,52 @@
+"""The quality gap of every recipe to bf16: ``<out>.md`` and ``<out>.json`` from results files.
+
+    python experiments/quality.py --out results/quality/<profile>/quality \\
+        results/pretrain/<profile>/*.json results/eval/<profile>/<run>.json ...
+
+Pretraining results (records with ``final_val_loss``) and lm-eval results (records with ``task``)
+may come in any order and number: a campaign under way gives the runs done so far. The JSON
+follows the results convention (its provenance lists each source file's commit); both files are
+regenerated on every call (they derive from the sources alone). See :mod:`adahop.quality`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from adahop.provenance import atomic_write_text, read_results, write_results
+from adahop.quality import markdown, quality_rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="output stem: writes <out>.md and <out>.json")
+    p.add_argument("--config", help="profile YAML (unused: accepted as every stage script is called)")
+    p.add_argument("results", type=Path, nargs="+", help="pretraining and lm-eval results files")
+    args = p.parse_args(argv)
+    pretrain, evals, commits = [], [], {}
+    for path in args.results:
+        doc = read_results(path)
+        commits[str(path)] = doc["provenance"].get("git_commit")
+        for r in doc["records"]:
+            if "task" in r:
+                evals.append(r)
+            elif "final_val_loss" in r:
+                pretrain.append(r)
+            else:
+                raise ValueError(f"{path}: a record that is neither pretraining nor lm-eval: {sorted(r)[:8]}")
+    rows = quality_rows(pretrain, evals)
+    if not rows:
+        print(f"quality: no pretraining or lm-eval records in {len(args.results)} file(s)", file=sys.stderr)
+        return 1
+    sources = [str(p) for p in args.results]
+    write_results(args.out.with_suffix(".json"), rows, config={"sources": sources}, overwrite=True,
+                  extra_provenance={"source_commits": commits})
+    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, sources))
+    print(f"quality: {len(rows)} rows -> {args.out}.md, {args.out}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""adahop.quality and experiments/quality.py: each recipe's gap to bf16 from pretraining and lm-eval records."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from adahop.provenance import read_results
+from adahop.quality import markdown, quality_rows
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def pretrain(recipe, seed, loss, model="125m"):
+    return {"name": f"{model}_{recipe}_s{seed}", "model": model, "recipe": recipe, "final_val_loss": loss}
+
+
+def score(recipe, seed, task, metric, value, model="125m", limit=None):
+    return {"task": task, "metric": metric, "value": value, "recipe": recipe, "model": model, "seed": seed,
+            "limit": limit}
+
+
+def test_gaps_are_mean_differences_with_the_bf16_spread_beside():
+    runs = [pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.2), pretrain("adahop", 0, 3.3), pretrain("adahop", 2, 3.5)]
+    evals = [score(r, s, "corpus_ppl", "bits_per_byte", v)
+             for r, s, v in (("bf16", 0, 1.0), ("bf16", 1, 1.2), ("adahop", 0, 1.5))]
+    rows = {r["recipe"]: r for r in quality_rows(runs, evals)}
+    assert list(rows) == ["bf16", "adahop"]  # the reference first
+    loss = rows["adahop"]["final_val_loss"]
+    assert math.isclose(loss["mean"], 3.4) and math.isclose(loss["gap_to_bf16"], 0.3)
+    assert math.isclose(loss["bf16_sd"], math.sqrt(0.02)) and loss["per_seed"] == {"0": 3.3, "2": 3.5}
+    assert rows["bf16"]["final_val_loss"]["gap_to_bf16"] is None
+    assert math.isclose(rows["adahop"]["bits_per_byte"]["gap_to_bf16"], 0.4)
+    assert rows["adahop"]["seeds"] == [0, 2]
+
+
+def test_mean_accuracy_counts_only_tasks_every_seed_and_bf16_have():
+    evals = [
+        score("bf16", 0, "piqa", "acc", 0.5), score("bf16", 0, "piqa", "acc_norm", 0.6),
+        score("bf16", 0, "boolq", "acc", 0.4),
+        score("mxfp4", 0, "piqa", "acc", 0.3), score("mxfp4", 0, "piqa", "acc_norm", 0.55),
+        score("mxfp4", 0, "boolq", "acc", 0.5),
+        score("mxfp4", 1, "piqa", "acc_norm", 0.45),  # seed 1 lacks boolq: not averaged
+        score("mxfp4", 0, "sciq", "acc", 0.9),  # bf16 lacks sciq: not counted
+        score("mxfp4", 0, "piqa", "acc_norm", 0.0, limit=5),  # a limited run: left out
+    ]
+    rows = {r["recipe"]: r for r in quality_rows([], evals)}
+    acc = rows["mxfp4"]["mean_accuracy"]
+    assert rows["mxfp4"]["tasks"] == ["boolq", "piqa"]
+    assert acc["per_seed"] == {"0": pytest.approx((0.55 + 0.5) / 2)}  # acc_norm for piqa
+    assert acc["gap_to_bf16"] == pytest.approx((0.55 + 0.5) / 2 - (0.6 + 0.4) / 2)
+
+
+def test_markdown_shows_means_gaps_and_sources():
+    rows = quality_rows([pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.2), pretrain("tseng", 0, 3.5)], [])
+    text = markdown(rows, ["a.json"])
+    assert "| 125m | tseng | 0 | 3.500 | +0.400 [0.141] |" in text and "- `a.json`" in text
+
+
+def test_script_on_the_committed_gpu_runs(tmp_path):
+    spec = importlib.util.spec_from_file_location("quality", REPO / "experiments" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    files = sorted(str(p) for stage in ("pretrain", "eval") for p in (REPO / "results" / stage / "gpu").glob("125m_*.json"))
+    assert module.main(["--out", str(tmp_path / "q"), *files]) == 0
+    doc = read_results(tmp_path / "q.json")
+    assert {r["recipe"] for r in doc["records"]} >= {"bf16"}
+    assert set(doc["provenance"]["source_commits"]) == set(files)
+    assert (tmp_path / "q.md").read_text().startswith("# Quality gap to bf16")
+    with pytest.raises(ValueError, match="neither pretraining nor lm-eval"):
+        module.main(["--out", str(tmp_path / "q"), str(REPO / "results" / "layer_bench" / "gpu" / "layers.json")])
