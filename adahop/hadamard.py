@@ -39,13 +39,43 @@ def hadamard_matrix(
     return (_sylvester(block_size) / block_size**0.5).to(dtype=dtype, device=device)
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mul32(x, c: int):
+    """``(x * c) mod 2**32`` for ``x`` in [0, 2**32) (a Python int or an int64 tensor), without
+    int64 overflow: ``c`` is split into 16-bit halves."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _MASK32
+
+
+def _lowbias32(x):
+    """The ``lowbias32`` integer hash (xorshift-multiply, full avalanche) of 32-bit ``x``."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
 def random_signs(
     n: int, seed: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """A deterministic ±1 vector of length ``n`` drawn from ``seed`` (same on every device)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    bits = torch.randint(0, 2, (n,), generator=gen)
-    return (1 - 2 * bits).to(dtype=dtype, device=device)
+    """A deterministic ±1 vector of length ``n`` drawn from ``seed`` (an int in [0, 2**64)).
+
+    Sign ``i`` is the top bit of ``lowbias32(i XOR lowbias32(seed))``: exact integer arithmetic,
+    so the same vector on every device, computed on ``device`` itself (on a GPU by one Triton
+    launch, ``adahop_kernels.signs``: no host-side draw or copy in a training step).
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    mix = _lowbias32((seed ^ (seed >> 32)) & _MASK32)
+    if torch.device(device or "cpu").type == "cuda":
+        from adahop_kernels.signs import random_signs as kernel  # the same values in one launch
+
+        return kernel(n, mix, torch.device(device), dtype)
+    index = torch.arange(n, dtype=torch.int64, device=device)
+    bits = _lowbias32(index ^ mix) >> 31
+    return (1 - 2 * bits).to(dtype)
 
 
 def block_hadamard_ref(

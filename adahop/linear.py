@@ -82,15 +82,10 @@ def _emit_fp8(device: torch.device) -> bool:
 
 
 def _signs(spec: QuantSpec, n: int, device: torch.device) -> torch.Tensor | None:
-    """The spec's ±1 vector on ``device`` (drawn on the CPU, so the same on every device)."""
+    """The spec's ±1 vector, computed on ``device`` (the same values on every device)."""
     if not (spec.hadamard and spec.signs_seed is not None):
         return None
-    signs = random_signs(n, spec.signs_seed)
-    if device.type == "cuda":
-        # From pinned memory the copy is asynchronous; from pageable memory it would wait for the
-        # GPU's queue to drain, every call.
-        return signs.pin_memory().to(device, non_blocking=True)
-    return signs.to(device)
+    return random_signs(n, spec.signs_seed, device=device)
 
 
 def _quantize_dual(
