@@ -7,13 +7,14 @@ seeds a gap of a few such spreads is as far as the runs can tell recipes apart.
 
 Accuracy per task is ``acc_norm`` where lm-eval reports it, else ``acc`` (as figure 6 shows them
 when the paper reports nothing); a recipe's mean accuracy counts only the tasks all of its seeds
-and bf16's were evaluated on, so a missing task cannot move it.
+and bf16's were evaluated on, so a missing task cannot move it. Evaluations on the full task sets
+are used where a model has any; else those of its most used document limit (``eval_limit``).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Iterable, Mapping
 
 CORPUS_TASK, BPB = "corpus_ppl", "bits_per_byte"
@@ -46,10 +47,15 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
     # (model, recipe) -> task -> metric -> seed -> value
     scores: dict[tuple[str, str], dict[str, dict[str, dict[int, float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(dict)))
+    evals = [r for r in evals if r.get("value") is not None]
+    # One document limit per model: the full sets where any run has them, else the most used limit.
+    limit_of: dict[str, int | None] = {}
+    for model in {r["model"] for r in evals}:
+        used = Counter(r.get("limit") for r in evals if r["model"] == model)
+        limit_of[model] = None if None in used else used.most_common(1)[0][0]
     for r in evals:
-        if r.get("value") is None or r.get("limit") is not None:
-            continue
-        scores[(r["model"], r["recipe"])][r["task"]][r["metric"]][int(r["seed"])] = float(r["value"])
+        if r.get("limit") == limit_of[r["model"]]:
+            scores[(r["model"], r["recipe"])][r["task"]][r["metric"]][int(r["seed"])] = float(r["value"])
 
     def bpb(key) -> dict[int, float]:
         return dict(scores[key][CORPUS_TASK][BPB]) if key in scores else {}
@@ -73,7 +79,8 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
 
         common = tasks_of(key) & tasks_of(ref)
         row: dict[str, Any] = {"model": model, "recipe": recipe,
-                               "seeds": sorted(set(loss.get(key, {})) | set(bpb(key))), "tasks": sorted(common)}
+                               "seeds": sorted(set(loss.get(key, {})) | set(bpb(key))), "tasks": sorted(common),
+                               "eval_limit": limit_of.get(model)}
         for name, mine, theirs in (
             ("final_val_loss", loss.get(key, {}), loss.get(ref, {})),
             ("bits_per_byte", bpb(key), bpb(ref)),
@@ -119,6 +126,7 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
             cells.append(_num(m[gap], digits, signed=True)
                          + (f" [{_num(m[ref_sd], digits)}]" if m[gap] is not None and m[ref_sd] is not None else ""))
         seeds = ", ".join(map(str, r["seeds"])) or "—"
-        lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {len(r['tasks'])} |")
+        tasks = f"{len(r['tasks'])}" + (f" (first {r['eval_limit']} documents)" if r.get("eval_limit") is not None else "")
+        lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {tasks} |")
     lines += ["", "Sources:", *[f"- `{s}`" for s in sources], ""]
     return "\n".join(lines)

@@ -70,3 +70,12 @@ def test_script_on_the_committed_gpu_runs(tmp_path):
     assert (tmp_path / "q.md").read_text().startswith("# Quality gap to bf16")
     with pytest.raises(ValueError, match="neither pretraining nor lm-eval"):
         module.main(["--out", str(tmp_path / "q"), str(REPO / "results" / "layer_bench" / "gpu" / "layers.json")])
+
+
+def test_limited_evaluations_count_where_a_model_has_no_full_ones():
+    evals = [score(r, 0, "piqa", "acc", v, limit=20) for r, v in (("bf16", 0.5), ("mxfp4", 0.4))]
+    evals.append(score("mxfp4", 0, "piqa", "acc", 0.9, limit=5))  # another limit: left out
+    rows = {r["recipe"]: r for r in quality_rows([], evals)}
+    assert rows["mxfp4"]["eval_limit"] == 20
+    assert rows["mxfp4"]["mean_accuracy"]["gap_to_bf16"] == pytest.approx(-0.1)
+    assert "(first 20 documents)" in markdown(list(rows.values()), [])
