@@ -111,7 +111,7 @@ def _quantize_dual(
     return ops.hadamard_quantize_dual(
         t, hadamard=along_last.hadamard, hadamard_t=along_first.hadamard, hadamard_size=along_last.hadamard_size,
         signs=_signs(along_last, t.shape[1], t.device), signs_t=_signs(along_first, t.shape[0], t.device),
-        rounding=along_last.rounding, seed=along_last.seed if along_last.rounding == "sr" else None,
+        rounding=along_last.rounding, seed=along_last.draw_seed,
         emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_first,
     )
 
@@ -120,7 +120,7 @@ def _spec_key(spec: "QuantSpec | None") -> tuple | None:
     """What a quantization's result depends on: the SR seed only when it rounds stochastically."""
     if spec is None:
         return None
-    return spec.hadamard, spec.rounding, spec.seed if spec.rounding == "sr" else None, spec.signs_seed, spec.hadamard_size
+    return spec.hadamard, spec.rounding, spec.draw_seed, spec.signs_seed, spec.hadamard_size
 
 
 class SharedInputQuantization:
@@ -149,7 +149,7 @@ class SharedInputQuantization:
             return _quantize_dual(x, along_last, along_first, emit_fp8)
         key = (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
                x._version, _spec_key(along_last), _spec_key(along_first), emit_fp8)
-        if key == self.key and self.src is not None and self.src.untyped_storage().data_ptr() == key[0]:
+        if key == self.key:  # self.src holds that storage, so its address cannot have been reused
             return self.out
         self.clear()  # drop the old copies before making new ones
         self.out = _quantize_dual(x, along_last, along_first, emit_fp8)
@@ -205,6 +205,11 @@ class QuantSpec:
     signs_seed: int | None = None
     hadamard_size: int = 32
 
+    @property
+    def draw_seed(self) -> int | None:
+        """The seed the quantization draws from: ``seed`` under SR, None for RNE (it draws nothing)."""
+        return self.seed if self.rounding == "sr" else None
+
 
 def quantize(
     t: torch.Tensor, spec: QuantSpec, transpose: bool = False, emit_fp8: bool = False
@@ -216,7 +221,7 @@ def quantize(
     signs = _signs(spec, t.shape[0] if transpose else t.shape[1], t.device)
     return ops.hadamard_quantize(
         t, transpose=transpose, hadamard=spec.hadamard, hadamard_size=spec.hadamard_size, signs=signs,
-        rounding=spec.rounding, seed=spec.seed if spec.rounding == "sr" else None, emit_fp8=emit_fp8,
+        rounding=spec.rounding, seed=spec.draw_seed, emit_fp8=emit_fp8,
     )
 
 

@@ -69,14 +69,13 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
                 per_seed[seed].append(v)
         return {s: statistics.fmean(v) for s, v in per_seed.items() if len(v) == len(tasks)}
 
+    def tasks_of(key) -> set[str]:
+        return {t for t, ms in scores.get(key, {}).items() if t != CORPUS_TASK and _accuracy_metric(set(ms))}
+
     rows = []
     keys = sorted(set(loss) | set(scores), key=lambda k: (k[0], k[1] != reference, k[1]))
     for model, recipe in keys:
         key, ref = (model, recipe), (model, reference)
-
-        def tasks_of(k) -> set[str]:
-            return {t for t, ms in scores.get(k, {}).items() if t != CORPUS_TASK and _accuracy_metric(set(ms))}
-
         common = tasks_of(key) & tasks_of(ref)
         row: dict[str, Any] = {"model": model, "recipe": recipe,
                                "seeds": sorted(set(loss.get(key, {})) | set(bpb(key))), "tasks": sorted(common),

@@ -145,14 +145,12 @@ def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
     section = profile.get("pretrain") or {}
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     values = {k: v for k, v in section.items() if k in fields}
-    values.update({k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None and k != "compile"})
+    values.update({k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None})
     values.update(forced)
     # `compile_recipes`: where the profile compiles, only these recipes do; --compile/--no-compile wins.
     only = section.get("compile_recipes")
-    if only is not None and values.get("compile"):
+    if only is not None and args.compile is None and "compile" not in forced and values.get("compile"):
         values["compile"] = values.get("recipe", TrainConfig.recipe) in only
-    if args.compile is not None and "compile" not in forced:
-        values["compile"] = args.compile
     return TrainConfig.from_dict(values)
 
 

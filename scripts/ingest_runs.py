@@ -63,46 +63,48 @@ def run_files(folder: Path) -> dict[str, dict[str, Path]]:
     return runs
 
 
-def clean_provenance(path: Path) -> str | None:
-    """Why ``path``'s provenance cannot be filed (no commit, or a dirty tree), or None."""
-    prov = read_results(path)["provenance"]  # raises on a file outside the convention
+def file_result(src: Path, dest: Path, replace: str | None, allow: str) -> bool:
+    """File the results file ``src`` at ``dest``; False where it is refused (the reason printed).
+
+    Refused: a provenance without a clean commit, or a different file at ``dest`` unless
+    ``replace`` is ``"overwrite"`` (replace it) or ``"keep"`` (keep it as ``<stem>-<its commit>.<ext>``
+    first, refused if that name is taken). ``allow``: the flag that permits a replacement.
+    """
+    prov = read_results(src)["provenance"]  # raises on a file outside the convention
     if prov.get("git_dirty") is not False or not prov.get("git_commit"):
-        return (f"provenance has commit {prov.get('git_commit')!r}, dirty {prov.get('git_dirty')!r} "
-                "(results must name a clean commit)")
-    return None
+        print(f"refused  {src.name}: provenance has commit {prov.get('git_commit')!r}, dirty "
+              f"{prov.get('git_dirty')!r} (results must name a clean commit)")
+        return False
+    verb = "wrote   "
+    if dest.exists():
+        if dest.read_bytes() == src.read_bytes():
+            print(f"same     {dest}")
+            return True
+        old = read_results(dest)["provenance"]
+        commit = str(old.get("git_commit") or "unknown")[:7]
+        stem, ext = dest.name.split(".", 1)
+        keep = dest.with_name(f"{stem}-{commit}.{ext}")
+        if replace is None or (replace == "keep" and keep.exists()):
+            why = f"{keep.name} exists too" if replace == "keep" else f"{allow} to file it"
+            print(f"refused  {dest}: a different file is there (commit {commit}, {old.get('date')}); {why}")
+            return False
+        if replace == "keep":
+            dest.rename(keep)
+            print(f"kept     {keep} (the file it replaces)")
+        else:
+            verb = "replaced"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    print(f"{verb} {dest} (commit {prov['git_commit'][:7]})")
+    return True
 
 
 def ingest_stages(folder: Path, args: argparse.Namespace) -> int:
     """File the stage results in ``folder``; the number refused."""
-    refused = 0
-    for name, stage in STAGE_FILES.items():
-        src = folder / name
-        if not src.exists():
-            continue
-        why = clean_provenance(src)
-        dest = args.results_root / stage / args.profile / name
-        if why:
-            print(f"refused  {name}: {why}")
-            refused += 1
-            continue
-        if dest.exists() and dest.read_bytes() == src.read_bytes():
-            print(f"same     {dest}")
-            continue
-        if dest.exists():
-            commit = read_results(dest)["provenance"].get("git_commit", "unknown")[:7]
-            stem, suffix = name.split(".", 1)
-            keep = dest.with_name(f"{stem}-{commit}.{suffix}")
-            if not args.replace_stages or keep.exists():
-                why = f"{keep.name} exists too" if keep.exists() else "--replace-stages to file it"
-                print(f"refused  {dest}: a different file is there (commit {commit}); {why}")
-                refused += 1
-                continue
-            dest.rename(keep)
-            print(f"kept     {keep} (the file it replaces)")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
-        print(f"wrote    {dest} (commit {read_results(dest)['provenance']['git_commit'][:7]})")
-    return refused
+    replace = "keep" if args.replace_stages else None
+    return sum(not file_result(folder / name, args.results_root / stage / args.profile / name, replace,
+                               "--replace-stages")
+               for name, stage in STAGE_FILES.items() if (folder / name).exists())
 
 
 def ingest(folder: Path, args: argparse.Namespace) -> int:
@@ -116,27 +118,9 @@ def ingest(folder: Path, args: argparse.Namespace) -> int:
         for suffix, stage in KINDS.items():
             if suffix not in files:
                 continue
-            why = clean_provenance(files[suffix])
-            if why:
-                print(f"refused  {files[suffix].name}: {why}")
-                refused += 1
-                continue
-            prov = read_results(files[suffix])["provenance"]
+            replace = "overwrite" if run in args.replace else None
             dest = args.results_root / stage / args.profile / f"{run}.json"
-            new = files[suffix].read_bytes()
-            if dest.exists() and dest.read_bytes() == new:
-                print(f"same     {dest}")
-                continue
-            if dest.exists() and run not in args.replace:
-                old = read_results(dest)["provenance"]
-                print(f"refused  {dest}: a different file is there (commit {old.get('git_commit', '?')[:7]}, "
-                      f"{old.get('date')}); --replace {run} to replace it")
-                refused += 1
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            verb = "replaced" if dest.exists() else "wrote   "
-            shutil.copyfile(files[suffix], dest)
-            print(f"{verb} {dest} (commit {prov['git_commit'][:7]})")
+            refused += not file_result(files[suffix], dest, replace, f"--replace {run}")
         if ".log" in files:
             shutil.copyfile(files[".log"], args.logs / f"{run}.log")
         if ".metrics.jsonl" in files:
