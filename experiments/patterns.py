@@ -13,8 +13,10 @@ backward of a contrastive loss on pairs of adjacent passages of the corpus's hel
 (:func:`adahop.study.pair_contrastive_loss`), one capture point per batch. Every captured layer is
 analysed by :func:`adahop.study.layer_records` (labels, pattern pairs, per-strategy GEMM error,
 table and measured picks). The results file holds those records and the summaries of
-:func:`adahop.study.summarize` (``--out`` ending in ``.json.gz``: gzip-compressed, as the workflow
-writes it; they run to megabytes); the log prints them as Markdown tables.
+:func:`adahop.study.summarize`, with :func:`adahop.study.calibration_drift` from the step an AdaHOP
+run of the profile calibrates to (``--out`` ending in ``.json.gz``: gzip-compressed, as the workflow
+writes it; they run to megabytes); the log prints them as Markdown tables, and
+``experiments/pattern_tables.py`` recomputes them from the records into a Markdown report.
 
 Settings: DEFAULTS below < the profile's ``patterns`` section < flags. ``train`` holds
 :class:`adahop.train.TrainConfig` fields over the profile's ``pretrain`` section (``steps`` defaults
@@ -177,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"patterns: {name}: contrastive loss per batch {[round(v, 3) for v in losses]}", flush=True)
     if not records:
         raise ValueError("no layer was captured: check models, recipes, capture_steps and pretrained")
-    summary = study.summarize(records)
+    summary = study.summarize(records, study.calibration_step(runs, policy.to_dict()))
     print(study.markdown_tables(summary))
     config = {"patterns": s, "policy_recipe": policy.to_dict(), "data": str(data_dir), "device": str(device)}
     write_results(args.out, [*records, *summary], config=config, seed=s["seed"], device=device,

@@ -25,7 +25,7 @@ ALL_RESULTS = results_inputs(
     sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
 )
 TABLES = [rules.eval_table.output.md, rules.eval_table.output.csv, rules.quality_table.output.md,
-          rules.quality_table.output.json]
+          rules.quality_table.output.json, rules.pattern_tables.output.md, rules.pattern_tables.output.json]
 FIGURES = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=FIGURE_INPUTS, ext=("png", "pdf"))
 
 

@@ -17,3 +17,18 @@ rule patterns:
         log_path("patterns"),
     shell:
         script_cmd("{input.script}", f"--data {CORPUS_DIR} --out {{output}}")
+
+
+rule pattern_tables:
+    input:
+        script="experiments/pattern_tables.py",
+        results=results_inputs([results_path("patterns", "patterns")]),
+    output:
+        md=f"results/pattern_summary/{PROFILE}/summary.md",
+        json=f"results/pattern_summary/{PROFILE}/summary.json",
+    log:
+        log_path("pattern_tables"),
+    shell:
+        # The study's summaries (label distributions, stability, the table's agreement with the
+        # lowest-error option, calibration drift) recomputed from its records (adahop.study).
+        script_cmd("{input.script}", f"--out results/pattern_summary/{PROFILE}/summary {{input.results}}")

@@ -15,7 +15,7 @@ from adahop.capture import Captured, OperandCapture, block_and_kind
 from adahop.linear import Operand, score_strategies
 from adahop.patterns import planted_outliers
 from adahop.policy import MEASURED_CANDIDATES, SLOTS
-from adahop.provenance import REPO_ROOT, read_results
+from adahop.provenance import REPO_ROOT, read_results, write_results
 from adahop.recipes import get_recipe
 from adahop.train import RandomTokenBatches, TrainConfig, Trainer
 
@@ -260,6 +260,45 @@ def test_agreement_gap_and_measured_difference(planted):
     assert "### agreement" in md and "### pair_agreement" in md
 
 
+def _gemm(layer, step, pick, errors, gemm="wgrad"):
+    """One GEMM instance (a record per strategy) whose table picks ``pick`` at ``step``."""
+    base = {"kind": "gemm", "source": "train", "model": "m", "recipe": "r", "layer": layer, "step": step, "gemm": gemm,
+            "table_pick_effective": pick, "lowest_table_option": "iht"}
+    return [{**base, "strategy": k, "rel_error": v} for k, v in errors.items()]
+
+
+ERR = {"mxfp4": 0.3, "iht": 0.2, "iht+oe-right": 0.1, "bf16": 0.01}
+
+
+def test_calibration_drift_scores_the_frozen_pick_on_later_points():
+    recs = [*_gemm("a", 1, "iht", ERR), *_gemm("a", 30, "iht", ERR), *_gemm("a", 60, "iht+oe-right", ERR),
+            *_gemm("b", 30, "iht+oe-right", ERR), *_gemm("b", 60, "iht+oe-right", ERR),
+            *_gemm("c", 30, "iht", ERR), *_gemm("c", 60, "bf16", ERR),
+            *_gemm("d", 60, "iht", ERR)]  # no calibration point: not judged
+    rows = {r["gemm"]: r for r in study.calibration_drift(recs, 30)}
+    assert set(rows) == {"all", "wgrad"} and rows["all"]["step"] == 60 and rows["all"]["n"] == 3
+    r = rows["wgrad"]
+    assert r["frozen_differs"] == pytest.approx(2 / 3)  # a and c changed their pick, b kept it
+    assert r["mean_error_frozen"] == pytest.approx((0.2 + 0.1 + 0.2) / 3)
+    assert r["mean_error_recalibrated"] == pytest.approx((0.1 + 0.1 + 0.01) / 3)
+    assert r["mean_error_lowest"] == pytest.approx(0.2) and r["mean_error_mxfp4"] == pytest.approx(0.3)
+    assert r["frozen_excess"] == pytest.approx(0.5 / 0.21 - 1)
+    assert r["recalibrated_to_bf16"] == pytest.approx(1 / 3)
+    assert r["frozen_excess_fp4"] == pytest.approx(0.3 / 0.2 - 1)  # c (a BF16 pick) left out
+    assert study.calibration_drift(recs, 45) == []  # no capture at that step
+    assert "### calibration_drift" in study.markdown_tables(study.calibration_drift(recs, 30))
+
+
+def test_calibration_step_comes_from_the_runs_else_the_policy():
+    policy = {"calibration_steps": 30}
+    runs = {"m/bf16": {"train": {"recipe_overrides": {"calibration_steps": 10}}}, "p/pretrained": {"losses": []}}
+    assert study.calibration_step(runs, policy) == 10
+    assert study.calibration_step({"m/bf16": {"train": {"recipe_overrides": {}}}}, policy) == 30
+    runs["m/mxfp4"] = {"train": {"recipe_overrides": {"calibration_steps": 20}}}
+    with pytest.raises(ValueError, match="different calibration_steps"):
+        study.calibration_step(runs, policy)
+
+
 # ------------------------------------------------------------------ script and results
 
 
@@ -275,7 +314,8 @@ def test_script_writes_results_with_provenance(corpus, tmp_path):
     spec = importlib.util.spec_from_file_location("patterns_script", REPO_ROOT / "experiments" / "patterns.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    profile = {"pretrain": {"seq_len": 32, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "models": ["tiny"]},
+    profile = {"pretrain": {"seq_len": 32, "batch_size": 2, "lr": 1e-3, "warmup_steps": 1, "models": ["tiny"],
+                            "recipe_overrides": {"calibration_steps": 1}},
                "patterns": {"models": ["tiny"], "recipes": ["bf16"], "capture_steps": [1, 2], "max_tokens": 32,
                             "pretrained": []}}
     config = tmp_path / "profile.yaml"
@@ -299,6 +339,22 @@ def test_script_writes_results_with_provenance(corpus, tmp_path):
                   "table_pick", "measured_pick", "lowest_table_option"):
         assert field in g, field
     assert {r["table"] for r in kinds["summary"]} >= {"distribution", "stability", "agreement", "pair_agreement"}
+    # The drift from the step an AdaHOP run of the profile fixes its strategies (the pretrain
+    # section's calibration_steps, 1) to the later capture point.
+    assert [(r["gemm"], r["step"], r["calibration_step"]) for r in kinds["summary"] if r["table"] == "calibration_drift"] \
+        == [("all", 2, 1), ("dgrad", 2, 1), ("fwd", 2, 1), ("wgrad", 2, 1)]
+    # The summary tables recomputed from the records alone: the same rows.
+    tables = importlib.util.spec_from_file_location("pattern_tables", REPO_ROOT / "experiments" / "pattern_tables.py")
+    tables_script = importlib.util.module_from_spec(tables)
+    tables.loader.exec_module(tables_script)
+    assert tables_script.main(["--out", str(tmp_path / "summary"), str(out)]) == 0
+    summary = read_results(tmp_path / "summary.json")
+    assert summary["provenance"]["sources"][str(out)]["git_commit"] == prov["git_commit"]
+    assert summary["records"] == [r for r in kinds["summary"]]
+    assert "### agreement" in (tmp_path / "summary.md").read_text()
+    with pytest.raises(ValueError, match="no operand or gemm records"):
+        write_results(tmp_path / "empty.json", [], config=prov["config"] | {"x": 1}, extra_provenance={"runs": {}})
+        tables_script.main(["--out", str(tmp_path / "s2"), str(tmp_path / "empty.json")])
     with pytest.raises(ValueError, match="unknown keys"):
         config.write_text(yaml.safe_dump({"patterns": {"model": "tiny"}}))
         script.main(["--config", str(config), "--data", str(corpus), "--out", str(tmp_path / "x.json")])

@@ -93,7 +93,7 @@ def test_dry_run_resolves_every_stage(workflow, name):
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
     n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
-    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "figure": 7,
+    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": 7,
                       "throughput": len(profile(name)["throughput"]), "all": 1}
 
 
@@ -225,7 +225,7 @@ def test_pattern_study_results_are_compressed_and_other_stages_plain(workflow):
     plain = [p for p in paths if p.endswith(".json")]
     assert compressed == ["results/patterns/gpu/patterns.json.gz"]
     assert {p.split("/")[1] for p in plain} == {"corpus", "microbench", "layer_bench", "memory", "pretrain", "throughput",
-                                                "eval", "quality"}
+                                                "eval", "quality", "pattern_summary"}
 
 
 def test_committed_pattern_results_are_all_compressed():
@@ -253,7 +253,8 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
     committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert committed.returncode == 0, committed.output[-3000:]
     # The figures and the eval table (both cheap, from the results alone) are redrawn; no stage runs.
-    assert job_counts(committed.output) == {"figure": 7, "eval_table": 1, "quality_table": 1, "figures": 1}
+    assert job_counts(committed.output) == {"figure": 7, "eval_table": 1, "quality_table": 1, "pattern_tables": 1,
+                                             "figures": 1}
 
     # Without the switch the newer scripts would send every GPU stage to this machine.
     rerun = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml")
