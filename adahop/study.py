@@ -582,7 +582,8 @@ def agreement(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def calibration_drift(records: Sequence[Mapping[str, Any]], calibration_step: int) -> list[dict[str, Any]]:
     """What calibrating once costs later: AdaHOP fixes each GEMM's strategy at the end of calibration.
 
-    For each source/model/recipe whose captures include ``calibration_step``, each GEMM (and
+    For each training run (``source`` = ``train``; a pretrained model's capture points are batches,
+    not steps) whose captures include ``calibration_step``, each GEMM (and
     ``all``) and each later capture point: ``n`` GEMM instances; ``frozen_differs``, the fraction
     where the strategy picked at the calibration point (the one the layer keeps) differs from the
     table's pick on that point's own labels (recalibrating); the mean relative error of the frozen
@@ -591,8 +592,8 @@ def calibration_drift(records: Sequence[Mapping[str, Any]], calibration_step: in
     to BF16 (a col-col pair) at a BF16 GEMM's cost: ``recalibrated_to_bf16`` is the fraction where it
     would, and ``frozen_excess_fp4`` the excess over the instances where neither pick is BF16.
     """
-    inst = _gemm_instances(records)
-    frozen = {(*k[:3], *k[4:]): per[next(iter(per.values()))["table_pick_effective"]]["strategy"]
+    inst = {k: per for k, per in _gemm_instances(records).items() if k[0] == "train"}
+    frozen = {(*k[:3], *k[4:]): next(iter(per.values()))["table_pick_effective"]
               for k, per in inst.items() if k[3] == calibration_step}
     groups: dict[tuple, list[tuple[str, dict[str, Mapping[str, Any]]]]] = defaultdict(list)
     for key, per in inst.items():
@@ -641,7 +642,7 @@ def calibration_step(runs: Mapping[str, Any], policy: Mapping[str, Any]) -> int:
 
 def summarize(records: Sequence[Mapping[str, Any]], calibration_step: int | None = None) -> list[dict[str, Any]]:
     """Every ``summary`` record: distributions (overall, by step, by layer kind), stability, agreement,
-    and with ``calibration_step`` (the policy's ``calibration_steps``) :func:`calibration_drift`."""
+    and with ``calibration_step`` (see :func:`calibration_step`) :func:`calibration_drift`."""
     drift = calibration_drift(records, calibration_step) if calibration_step else []
     return [*distribution(records), *distribution(records, ("step",)), *distribution(records, ("layer_kind",)),
             *stability(records), *agreement(records), *drift]

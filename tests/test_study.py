@@ -274,7 +274,8 @@ def test_calibration_drift_scores_the_frozen_pick_on_later_points():
     recs = [*_gemm("a", 1, "iht", ERR), *_gemm("a", 30, "iht", ERR), *_gemm("a", 60, "iht+oe-right", ERR),
             *_gemm("b", 30, "iht+oe-right", ERR), *_gemm("b", 60, "iht+oe-right", ERR),
             *_gemm("c", 30, "iht", ERR), *_gemm("c", 60, "bf16", ERR),
-            *_gemm("d", 60, "iht", ERR)]  # no calibration point: not judged
+            *_gemm("d", 60, "iht", ERR),  # no calibration point: not judged
+            *[{**r, "source": "pretrained"} for r in _gemm("a", 60, "iht", ERR)]]  # batches, not steps
     rows = {r["gemm"]: r for r in study.calibration_drift(recs, 30)}
     assert set(rows) == {"all", "wgrad"} and rows["all"]["step"] == 60 and rows["all"]["n"] == 3
     r = rows["wgrad"]
@@ -350,10 +351,10 @@ def test_script_writes_results_with_provenance(corpus, tmp_path):
     assert tables_script.main(["--out", str(tmp_path / "summary"), str(out)]) == 0
     summary = read_results(tmp_path / "summary.json")
     assert summary["provenance"]["sources"][str(out)]["git_commit"] == prov["git_commit"]
-    assert summary["records"] == [r for r in kinds["summary"]]
+    assert summary["records"] == kinds["summary"]
     assert "### agreement" in (tmp_path / "summary.md").read_text()
+    write_results(tmp_path / "empty.json", [], config=prov["config"], extra_provenance={"runs": {}})
     with pytest.raises(ValueError, match="no operand or gemm records"):
-        write_results(tmp_path / "empty.json", [], config=prov["config"] | {"x": 1}, extra_provenance={"runs": {}})
         tables_script.main(["--out", str(tmp_path / "s2"), str(tmp_path / "empty.json")])
     with pytest.raises(ValueError, match="unknown keys"):
         config.write_text(yaml.safe_dump({"patterns": {"model": "tiny"}}))
