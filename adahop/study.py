@@ -521,7 +521,9 @@ def _gemm_instances(records: Sequence[Mapping[str, Any]]) -> dict[tuple, dict[st
 def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[str, Any]:
     """Agreement of the table with the cost-aware and the strict lowest-error option, the error
     gap where it disagrees, how ``measured`` compares, mean errors (``mean_error_table`` counts a
-    ``bf16`` pick at its BF16 error) and the median OE gains over IHT."""
+    ``bf16`` pick at its BF16 error; ``mean_error_table_fp4`` and ``mean_error_iht_fp4`` leave out the
+    GEMMs the table sends to BF16, so they compare the FP4 choices alone) and the median OE gains
+    over IHT."""
     first = [next(iter(i.values())) for i in instances]
     judged = [(i, r) for i, r in zip(instances, first) if r["table_agrees"] is not None]
     agree = [r["table_agrees"] for _, r in judged]
@@ -550,6 +552,9 @@ def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[st
         "mean_error_measured": mean_error(lambda r: r["measured_pick"]),
         "mean_error_iht": mean_error(lambda r: "iht"),
         "mean_error_mxfp4": mean_error(lambda r: "mxfp4"),
+        "mean_error_table_fp4": statistics.fmean(i[r["table_pick_effective"]]["rel_error"] for i, r in judged)
+        if judged else None,
+        "mean_error_iht_fp4": statistics.fmean(i["iht"]["rel_error"] for i, _ in judged) if judged else None,
         "iht_beats_mxfp4": statistics.fmean(i["iht"]["rel_error"] < i["mxfp4"]["rel_error"] for i in instances),
         "median_oe_left_gain": _median(r["oe_left_gain"] for r in first),
         "median_oe_right_gain": _median(r["oe_right_gain"] for r in first),
@@ -665,7 +670,8 @@ def markdown_tables(summary: Sequence[Mapping[str, Any]], columns: Mapping[str, 
                       "layers_changed", "layers_changed_after_first"),
         "agreement": (*GROUP, "gemm", "n", "judged", "agreement", "agreement_strict", "median_gap",
                       "median_gap_ratio", "measured_differs", "mean_error_table", "mean_error_measured",
-                      "mean_error_iht", "mean_error_mxfp4", "iht_beats_mxfp4", "median_oe_left_gain",
+                      "mean_error_iht", "mean_error_mxfp4", "mean_error_table_fp4", "mean_error_iht_fp4",
+                      "iht_beats_mxfp4", "median_oe_left_gain",
                       "median_oe_right_gain"),
         "pair_agreement": (*GROUP, "gemm", "pair", "n", "table_pick", "agreement", "agreement_strict",
                            "median_gap_ratio", "median_oe_left_gain", "median_oe_right_gain",

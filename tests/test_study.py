@@ -256,6 +256,12 @@ def test_agreement_gap_and_measured_difference(planted):
     assert row["n"] == row["judged"] == 1 and row["agreement"] == 0.0
     assert row["median_gap"] == pytest.approx(0.18) and row["median_gap_ratio"] == pytest.approx(10.0)
     assert row["measured_differs"] == 1.0 and row["mean_error_measured"] == pytest.approx(0.02)
+    assert row["mean_error_table_fp4"] == pytest.approx(0.2) and row["mean_error_iht_fp4"] == pytest.approx(0.2)
+    # A GEMM the table sends to BF16 counts in mean_error_table, not in the FP4-only means.
+    bf16_pick = [{**r, "layer": "other", "table_pick_effective": "bf16", "table_agrees": None} for r in fwd]
+    (row,) = [r for r in study.agreement(fwd + bf16_pick) if r["table"] == "agreement" and r["gemm"] == "fwd"]
+    assert row["table_bf16_picks"] == 1 and row["mean_error_table"] == pytest.approx((0.2 + 0.001) / 2)
+    assert row["mean_error_table_fp4"] == pytest.approx(0.2) and row["mean_error_iht"] == pytest.approx(0.2)
     md = study.markdown_tables(study.agreement(fwd))
     assert "### agreement" in md and "### pair_agreement" in md
 
