@@ -126,6 +126,13 @@ class TrainConfig:
             raise ValueError(f"unknown training config keys {unknown}; known: {sorted(known)}")
         return cls(**values)
 
+    @classmethod
+    def from_section(cls, section: dict[str, Any], **overrides: Any) -> "TrainConfig":
+        """A profile's ``pretrain`` section (its TrainConfig fields; the workflow's own keys such as
+        ``models`` or ``compile_recipes`` are skipped), then ``overrides``."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls.from_dict({**{k: v for k, v in section.items() if k in known}, **overrides})
+
     def total_steps(self, world_size: int) -> int:
         if self.max_tokens is None:
             return self.steps

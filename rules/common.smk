@@ -115,6 +115,12 @@ def script_cmd(script, *args, launcher="python"):
     return " ".join([launcher, script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
 
 
+def none_committed(paths):
+    """With ``results_from: committed``, whether none of ``paths`` is there (a campaign's per-run
+    results not yet run)."""
+    return COMMITTED and not any(os.path.exists(p) for p in paths)
+
+
 def results_inputs(paths, partial=False):
     """An input function giving ``paths`` (results files read by a figure, a table or `all`).
 

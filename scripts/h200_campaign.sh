@@ -2,7 +2,8 @@
 # H200 campaign in pieces that fit one device call (10 minutes). Usage:
 #   bash scripts/h200_campaign.sh STAGE [STAGE ...]
 # Stages: tests, microbench, layers, memory, patterns (the gpu profile's pattern study: needs data/carry/full
-#         carried), and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
+#         carried), strategies (the strategy map of every adahop run, its calibration replayed; the
+#         same carry), and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
 #         throughput section (125m_compile, 125m_eager, 125m_compile_ddp2 on 2 GPUs, 1b_compile): the command
 #         rules/throughput.smk runs, writing $OUT/RUN.json; profile-RUN also writes torch.profiler tables of
 #         3 more steps per recipe ($OUT/profile_<model>_<recipe>.txt). A run is stopped after
@@ -21,6 +22,10 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG="$OUT/campaign.log"
 stage() { echo "=== $1 $(date -u +%T)" | tee -a "$LOG"; }
+full_corpus() {  # the gpu profile's corpus, from the carried bundle
+  [ -f data/full/train.bin ] || python3 experiments/build_corpus.py --from-bundle data/carry/full --out data/full \
+    2>&1 | tail -3 | tee -a "$LOG"
+}
 for s in "$@"; do
   case "$s" in
     tests)
@@ -37,10 +42,28 @@ for s in "$@"; do
       timeout "${STAGE_TIMEOUT_S:-540}" python3 experiments/memory.py --config config/gpu.yaml --out "$OUT/memory.json" 2>&1 | tail -30 | tee -a "$LOG" ;;
     patterns)
       stage patterns
-      [ -f data/full/train.bin ] || python3 experiments/build_corpus.py --from-bundle data/carry/full --out data/full \
-        2>&1 | tail -3 | tee -a "$LOG"
+      full_corpus
       timeout "${STAGE_TIMEOUT_S:-${PATTERNS_TIMEOUT_S:-540}}" python3 experiments/patterns.py --config config/gpu.yaml --data data/full \
         --out "$OUT/patterns.json.gz" --device cuda 2>&1 | tail -20 | tee -a "$LOG" ;;
+    strategies)
+      # Every calibrating run of the profile (adahop seeds): its calibration replayed, the strategy
+      # map it fixes ($OUT/<run>.strategies.json; strategies.done once all are written).
+      stage strategies
+      full_corpus
+      end=$((SECONDS + ${STAGE_TIMEOUT_S:-300})) failed=0
+      runs=$(python3 -c 'import yaml; from adahop.recipes import get_recipe
+p = yaml.safe_load(open("config/gpu.yaml"))["pretrain"]
+print(*(f"{m}:{r}:{s}" for m in p["models"] for r in p["recipes"] if get_recipe(r).policy for s in p["seeds"]))' \
+        2>>"$LOG") || runs=""
+      [ -n "$runs" ] || { echo "strategies: no calibrating run listed from config/gpu.yaml" | tee -a "$LOG"; failed=1; }
+      for run in $runs; do
+        IFS=: read -r model recipe seed <<<"$run"
+        timeout $((end - SECONDS)) python3 experiments/strategies.py --config config/gpu.yaml --data data/full \
+          --model "$model" --recipe "$recipe" --seed "$seed" --device cuda \
+          --out "$OUT/${model}_${recipe}_s${seed}.strategies.json" 2>&1 | tail -2 | tee -a "$LOG"
+        [ "${PIPESTATUS[0]}" = 0 ] || failed=1
+      done
+      [ "$failed" = 0 ] && touch "$OUT/strategies.done" ;;
     throughput-*|profile-*)
       stage "$s"
       run=${s#*-}

@@ -4,7 +4,7 @@
 #
 #   ADAHOP_GIT_COMMIT=<sha> ADAHOP_GIT_DIRTY=0 bash scripts/h200_queue.sh "RECIPE:SEED ..." ["RECIPE:SEED ..."]
 #
-# An item may also be stage:microbench, stage:layers, stage:memory or stage:patterns: that stage of
+# An item may also be stage:microbench, stage:layers, stage:memory, stage:patterns or stage:strategies: that stage of
 # scripts/h200_campaign.sh, given the time left (a stage cannot resume; its results file, under
 # stages/ in the archive, marks it done).
 # One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...): the runs that GPU works through in order,
@@ -40,7 +40,8 @@ QUEUE_DIR=${QUEUE_DIR:-/tmp/adahop_queue}
 OUT=${OUT:-/tmp/out}
 START=$SECONDS
 # A campaign stage an item may name, and the results file that marks it done.
-declare -A STAGE_FILE=([microbench]=kernels.json [layers]=layers.json [memory]=memory.json [patterns]=patterns.json.gz)
+declare -A STAGE_FILE=([microbench]=kernels.json [layers]=layers.json [memory]=memory.json [patterns]=patterns.json.gz
+  [strategies]=strategies.done)
 for queue in "$@"; do
   for item in $queue; do
     if [[ "$item" =~ ^stage:(.*)$ ]]; then

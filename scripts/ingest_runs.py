@@ -16,7 +16,8 @@ run (the old file's provenance is printed first); an identical one is left as it
 
 An archive's ``stages/`` (its ``stage:NAME`` items) go to their stage's folder: ``kernels.json`` ->
 ``results/microbench/<profile>/``, ``layers.json`` -> ``results/layer_bench/<profile>/``,
-``memory.json`` -> ``results/memory/<profile>/``, ``patterns.json.gz`` -> ``results/patterns/<profile>/``.
+``memory.json`` -> ``results/memory/<profile>/``, ``patterns.json.gz`` -> ``results/patterns/<profile>/``,
+``<run>.strategies.json`` -> ``results/strategies/<profile>/<run>.json``.
 A different file already there is kept as ``<name>-<its commit>`` beside the new one, with
 ``--replace-stages`` only. Every results
 file must carry a provenance with a clean commit (``git_dirty`` false), else it is refused. Then
@@ -102,9 +103,11 @@ def file_result(src: Path, dest: Path, replace: str | None, allow: str) -> bool:
 def ingest_stages(folder: Path, args: argparse.Namespace) -> int:
     """File the stage results in ``folder``; the number refused."""
     replace = "keep" if args.replace_stages else None
-    return sum(not file_result(folder / name, args.results_root / stage / args.profile / name, replace,
-                               "--replace-stages")
-               for name, stage in STAGE_FILES.items() if (folder / name).exists())
+    files = [(folder / name, args.results_root / stage / args.profile / name)
+             for name, stage in STAGE_FILES.items() if (folder / name).exists()]
+    files += [(path, args.results_root / "strategies" / args.profile / path.name.replace(".strategies", ""))
+              for path in sorted(folder.glob("*.strategies.json"))]
+    return sum(not file_result(src, dest, replace, "--replace-stages") for src, dest in files)
 
 
 def ingest(folder: Path, args: argparse.Namespace) -> int:

@@ -158,6 +158,22 @@ def throughput_results(work, profile) -> list[Path]:
     return [cpu, gpu]
 
 
+@pytest.fixture(scope="module")
+def strategies_results(work, profile, corpus) -> list[Path]:
+    """Strategy maps of two adahop seeds, calibrating for 2 of the 3 steps."""
+    cfg = yaml.safe_load(profile.read_text())
+    cfg["pretrain"]["recipe_overrides"] = {"calibration_steps": 2}
+    calibrating = work / "profile_calibrating.yaml"
+    calibrating.write_text(yaml.safe_dump(cfg))
+    out = []
+    for seed in (0, 1):
+        path = work / "results" / "strategies" / f"tiny_adahop_s{seed}.json"
+        run_main(script("strategies"), "--config", calibrating, "--data", corpus, "--model", "tiny",
+                 "--recipe", "adahop", "--seed", seed, "--out", path, "--device", "cpu")
+        out.append(path)
+    return out
+
+
 FIGURES = {
     "fig1_patterns": "patterns_results",
     "fig2_pair_error": "patterns_results",
@@ -166,6 +182,7 @@ FIGURES = {
     "fig5_memory": "memory_results",
     "fig6_lm_eval": "eval_results",
     "fig7_e2e_throughput": "throughput_results",
+    "fig8_strategy_map": "strategies_results",
 }
 
 

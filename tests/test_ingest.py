@@ -108,3 +108,19 @@ def test_stage_results_of_an_archive_keep_the_file_they_replace(tmp_path, capsys
     assert dest.read_bytes() == new.read_bytes()
     assert (dest.parent / "layers-69dc9c0.json").read_bytes() == old.read_bytes()
     assert ingest(tmp_path, archive) == 0 and "same" in capsys.readouterr().out
+
+
+def test_strategy_maps_of_an_archive_land_per_run(tmp_path):
+    stages = tmp_path / "archive" / "stages"
+    stages.mkdir(parents=True)
+    doc = {"provenance": {"git_commit": "0123456789abcdef0123456789abcdef01234567", "git_dirty": False},
+           "records": [{"model": "125m", "recipe": "adahop", "seed": 1, "layer": "l", "slot": "fwd", "strategy": "iht"}]}
+    (stages / "125m_adahop_s1.strategies.json").write_text(json.dumps(doc))
+    (stages / "strategies.done").touch()  # the queue's marker: not a results file
+    archive = tmp_path / "queue.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(stages, arcname="stages")
+    assert ingest(tmp_path, archive) == 0
+    dest = tmp_path / "results" / "strategies" / "gpu" / "125m_adahop_s1.json"
+    assert read_results(dest)["records"] == doc["records"]
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["125m_adahop_s1.json"]

@@ -25,7 +25,8 @@ SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 WORKFLOW_FILES = ("Snakefile", "rules", "config", "profiles", "experiments", "paper_figs", "tests/bench",
                   "adahop/paper_reference.yaml")
 PROFILES = ("smoke", "gpu")
-STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "throughput", "eval")
+STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "throughput", "eval",
+               "strategies")
 GPU_RULES = ("microbench", "layer_bench", "memory", "patterns", "pretrain", "eval")
 # The one lint left on purpose: software comes from setup.sh's virtual environment (README), not
 # from a conda environment or container per rule.
@@ -93,8 +94,9 @@ def test_dry_run_resolves_every_stage(workflow, name):
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
     n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
-    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": 7,
-                      "throughput": len(profile(name)["throughput"]), "all": 1}
+    n_calibrating = len(runs["models"]) * sum(r.startswith("adahop") for r in runs["recipes"]) * len(runs["seeds"])
+    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": 8,
+                      "throughput": len(profile(name)["throughput"]), "strategies": n_calibrating, "all": 1}
 
 
 def shell_commands(out: str) -> list[str]:
@@ -225,7 +227,7 @@ def test_pattern_study_results_are_compressed_and_other_stages_plain(workflow):
     plain = [p for p in paths if p.endswith(".json")]
     assert compressed == ["results/patterns/gpu/patterns.json.gz"]
     assert {p.split("/")[1] for p in plain} == {"corpus", "microbench", "layer_bench", "memory", "pretrain", "throughput",
-                                                "eval", "quality", "pattern_summary"}
+                                                "eval", "quality", "pattern_summary", "strategies"}
 
 
 def test_committed_pattern_results_are_all_compressed():
@@ -253,8 +255,18 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
     committed = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert committed.returncode == 0, committed.output[-3000:]
     # The figures and the eval table (both cheap, from the results alone) are redrawn; no stage runs.
-    assert job_counts(committed.output) == {"figure": 7, "eval_table": 1, "quality_table": 1, "pattern_tables": 1,
+    assert job_counts(committed.output) == {"figure": 8, "eval_table": 1, "quality_table": 1, "pattern_tables": 1,
                                              "figures": 1}
+
+    # A per-run figure none of whose runs is committed yet (the strategy maps before their GPU
+    # replay) waits: `figures` draws the others and says so; `all` still asks for it.
+    for path in (workflow / "results" / "strategies" / "gpu").glob("*.json"):
+        path.unlink()
+    waiting = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
+    assert waiting.returncode == 0, waiting.output[-3000:]
+    assert job_counts(waiting.output)["figure"] == 7 and "fig8_strategy_map reads is there yet" in waiting.output
+    assert snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile",
+                     "profiles/committed").returncode != 0
 
     # Without the switch the newer scripts would send every GPU stage to this machine.
     rerun = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml")
