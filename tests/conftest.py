@@ -48,3 +48,19 @@ def write_corpus():
         return out
 
     return write
+
+
+@pytest.fixture(scope="session")
+def word_corpus(tmp_path_factory, write_corpus):
+    """``make(seed, words_per_doc)``: a corpus folder of 300 documents of words drawn at random from
+    a 12-word list (270 for training), a 300-token BPE."""
+    import numpy as np
+
+    words = ["the", "cat", "sees", "a", "dog", "king", "holds", "red", "apple", "boat", "old", "man"]
+
+    def make(seed, words_per_doc):
+        rng = np.random.default_rng(seed)
+        docs = [" ".join(rng.choice(words, size=words_per_doc)) + "." for _ in range(300)]
+        return write_corpus(tmp_path_factory.mktemp("corpus"), docs, 270, 300)
+
+    return make

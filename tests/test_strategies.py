@@ -3,7 +3,6 @@
 import importlib.util
 import json
 
-import numpy as np
 import pytest
 import yaml
 
@@ -21,11 +20,8 @@ def load(name):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, write_corpus):
-    rng = np.random.default_rng(1)
-    words = ["the", "cat", "sees", "a", "dog", "king", "holds", "red", "apple", "boat", "old", "man"]
-    docs = [" ".join(rng.choice(words, size=80)) + "." for _ in range(300)]
-    return write_corpus(tmp_path_factory.mktemp("corpus"), docs, 270, 300)
+def corpus(word_corpus):
+    return word_corpus(1, 80)
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ layers, summaries, the results file, and the package-shipped pretrained model (o
 import importlib.util
 import math
 
-import numpy as np
 import pytest
 import torch
 import yaml
@@ -310,11 +309,8 @@ def test_calibration_step_comes_from_the_runs_else_the_policy():
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory, write_corpus):
-    rng = np.random.default_rng(0)
-    words = ["the", "cat", "sees", "a", "dog", "king", "holds", "red", "apple", "boat", "old", "man"]
-    docs = [" ".join(rng.choice(words, size=60)) + "." for _ in range(300)]
-    return write_corpus(tmp_path_factory.mktemp("corpus"), docs, 270, 300)
+def corpus(word_corpus):
+    return word_corpus(0, 60)
 
 
 def test_script_writes_results_with_provenance(corpus, tmp_path):
