@@ -58,6 +58,8 @@ print(*(f"{m}:{r}:{s}" for m in p["models"] for r in p["recipes"] if get_recipe(
       [ -n "$runs" ] || { echo "strategies: no calibrating run listed from config/gpu.yaml" | tee -a "$LOG"; failed=1; }
       for run in $runs; do
         IFS=: read -r model recipe seed <<<"$run"
+        # (timeout 0 would mean no limit)
+        [ $((end - SECONDS)) -ge 10 ] || { echo "strategies: out of time before $run" | tee -a "$LOG"; failed=1; break; }
         timeout $((end - SECONDS)) python3 experiments/strategies.py --config config/gpu.yaml --data data/full \
           --model "$model" --recipe "$recipe" --seed "$seed" --device cuda \
           --out "$OUT/${model}_${recipe}_s${seed}.strategies.json" 2>&1 | tail -2 | tee -a "$LOG"
