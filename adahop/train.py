@@ -129,9 +129,14 @@ class TrainConfig:
     @classmethod
     def from_section(cls, section: dict[str, Any], **overrides: Any) -> "TrainConfig":
         """A profile's ``pretrain`` section (its TrainConfig fields; the workflow's own keys such as
-        ``models`` or ``compile_recipes`` are skipped), then ``overrides``."""
+        ``models`` are skipped), then ``overrides``. The section's ``compile_recipes``: where it
+        compiles and ``overrides`` leave ``compile`` unset, only the recipes it names compile."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls.from_dict({**{k: v for k, v in section.items() if k in known}, **overrides})
+        values = {**{k: v for k, v in section.items() if k in known}, **overrides}
+        only = section.get("compile_recipes")
+        if only is not None and "compile" not in overrides and values.get("compile"):
+            values["compile"] = values.get("recipe", cls.recipe) in only
+        return cls.from_dict(values)
 
     def total_steps(self, world_size: int) -> int:
         if self.max_tokens is None:

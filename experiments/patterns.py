@@ -110,13 +110,10 @@ def settings(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def train_config(s: dict[str, Any], pretrain: dict[str, Any], model: str, recipe: str) -> TrainConfig:
     """The pretrain section's TrainConfig fields, the study's ``train`` overrides, this run."""
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in pretrain.items() if k in fields}
-    values["steps"] = max(s["capture_steps"])
-    values.update(s["train"])
     # Hooks need the eager model; nothing is written by the study's runs.
-    values.update(model=model, recipe=recipe, seed=s["seed"], compile=False, max_tokens=None)
-    return TrainConfig.from_dict(values)
+    return TrainConfig.from_section(pretrain, **{"steps": max(s["capture_steps"]), **s["train"], "model": model,
+                                                 "recipe": recipe, "seed": s["seed"], "compile": False,
+                                                 "max_tokens": None})
 
 
 def documents(data_dir: Path) -> Iterator[str]:

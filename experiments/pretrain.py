@@ -140,18 +140,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
-    """Profile section ``pretrain`` (TrainConfig fields only), then command-line overrides."""
+    """Profile section ``pretrain`` (TrainConfig fields, ``compile_recipes``), then command-line
+    overrides (``--compile``/``--no-compile`` win over ``compile_recipes``)."""
     profile = yaml.safe_load(Path(args.config).read_text()) or {}
-    section = profile.get("pretrain") or {}
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    values = {k: v for k, v in section.items() if k in fields}
-    values.update({k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None})
-    values.update(forced)
-    # `compile_recipes`: where the profile compiles, only these recipes do; --compile/--no-compile wins.
-    only = section.get("compile_recipes")
-    if only is not None and args.compile is None and "compile" not in forced and values.get("compile"):
-        values["compile"] = values.get("recipe", TrainConfig.recipe) in only
-    return TrainConfig.from_dict(values)
+    overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
+    return TrainConfig.from_section(profile.get("pretrain") or {}, **{**overrides, **forced})
 
 
 def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:

@@ -66,9 +66,10 @@ START=$SECONDS
 # profile name, model, corpus name, batch size, and whether the profile compiles this recipe
 read -r PROFILE MODEL CORPUS BATCH PROFILE_COMPILE < <(python3 - "$CONFIG" "$RECIPE" <<'PY'
 import sys, yaml
+from adahop.train import TrainConfig
 p = yaml.safe_load(open(sys.argv[1]))
 t = p["pretrain"]
-compiles = bool(t.get("compile")) and sys.argv[2] in t.get("compile_recipes", [sys.argv[2]])
+compiles = TrainConfig.from_section(t, recipe=sys.argv[2]).compile  # compile_recipes, as pretrain.py reads it
 print(p["profile"], t["models"][0], p["corpus"]["name"], t["batch_size"], int(compiles))
 PY
 )
