@@ -11,6 +11,7 @@ are large); the gzip header's mtime is 0, so rewriting the same document gives t
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import gzip
 import json
@@ -117,6 +118,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def table_script_args(doc: str, results_help: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line of a script that derives a table from results files, as the workflow calls
+    it: ``--out STEM`` (it writes ``STEM.md`` and ``STEM.json``), ``--config`` (accepted, unused)
+    and the results files. ``doc``: the script's docstring (its first paragraph is the description)."""
+    p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=True, help="output stem: writes <out>.md and <out>.json")
+    p.add_argument("--config", help="profile YAML (unused: accepted as every stage script is called)")
+    p.add_argument("results", type=Path, nargs="+", help=results_help)
+    return p.parse_args(argv)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:

@@ -13,20 +13,14 @@ and are regenerated on every call.
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 from adahop import study
-from adahop.provenance import atomic_write_text, read_results, write_results
+from adahop.provenance import atomic_write_text, read_results, table_script_args, write_results
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="output stem: writes <out>.md and <out>.json")
-    p.add_argument("--config", help="profile YAML (unused: accepted as every stage script is called)")
-    p.add_argument("results", type=Path, nargs="+", help="results files of experiments/patterns.py")
-    args = p.parse_args(argv)
+    args = table_script_args(__doc__, "results files of experiments/patterns.py", argv)
     summary, sources, parts = [], {}, []
     for path in args.results:
         doc = read_results(path)

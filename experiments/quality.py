@@ -11,20 +11,14 @@ regenerated on every call (they derive from the sources alone). See :mod:`adahop
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
-from adahop.provenance import atomic_write_text, read_results, write_results
+from adahop.provenance import atomic_write_text, read_results, table_script_args, write_results
 from adahop.quality import markdown, quality_rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=True, help="output stem: writes <out>.md and <out>.json")
-    p.add_argument("--config", help="profile YAML (unused: accepted as every stage script is called)")
-    p.add_argument("results", type=Path, nargs="+", help="pretraining and lm-eval results files")
-    args = p.parse_args(argv)
+    args = table_script_args(__doc__, "pretraining and lm-eval results files", argv)
     pretrain, evals, commits = [], [], {}
     for path in args.results:
         doc = read_results(path)
