@@ -2,11 +2,11 @@
 # strategies its calibration fixes, replayed from the run's settings by experiments/strategies.py
 # (its first calibration_steps steps; the map equals the run's strategies.json, tested). A replay
 # rather than a copy of the run folder, so runs trained on a machine that is gone (the GPU
-# campaign's) get their maps from a one-minute job.
+# campaign's) get their maps from a one-minute job. Which recipes calibrate: config/schema.yaml.
 
-from adahop.recipes import get_recipe
-
-CALIBRATING_RECIPES = [r for r in PRETRAIN["recipes"] if get_recipe(r).policy is not None]
+with open(Path(workflow.basedir) / "config" / "schema.yaml") as f:
+    CALIBRATING = yaml.safe_load(f)["$defs"]["calibrating_recipe"]["enum"]
+CALIBRATING_RECIPES = [r for r in PRETRAIN["recipes"] if r in CALIBRATING]
 CALIBRATING_RUNS = expand(RUN, model=PRETRAIN["models"], recipe=CALIBRATING_RECIPES, seed=PRETRAIN["seeds"])
 
 

@@ -123,6 +123,17 @@ def test_bf16_recipe_leaves_nn_linear_untouched():
     assert adahop.convert(model, "bf16")[0].__class__ is nn.Linear
 
 
+def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
+    # The workflow reads these from config/schema.yaml, not from the registry (no torch at parse time).
+    import yaml
+
+    from adahop.provenance import REPO_ROOT
+
+    defs = yaml.safe_load((REPO_ROOT / "config" / "schema.yaml").read_text())["$defs"]
+    assert defs["calibrating_recipe"]["enum"] == [name for name, r in RECIPES.items() if r.policy is not None]
+    assert defs["recipe"]["enum"] == list(RECIPES)
+
+
 def test_registry_entries():
     assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured"}
     tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]

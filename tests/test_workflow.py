@@ -94,7 +94,8 @@ def test_dry_run_resolves_every_stage(workflow, name):
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
     n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
-    n_calibrating = len(runs["models"]) * sum(r.startswith("adahop") for r in runs["recipes"]) * len(runs["seeds"])
+    calibrating = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["$defs"]["calibrating_recipe"]["enum"]
+    n_calibrating = len(runs["models"]) * sum(r in calibrating for r in runs["recipes"]) * len(runs["seeds"])
     assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": 8,
                       "throughput": len(profile(name)["throughput"]), "strategies": n_calibrating, "all": 1}
 
