@@ -9,6 +9,12 @@ Accuracy per task is ``acc_norm`` where lm-eval reports it, else ``acc`` (as fig
 when the paper reports nothing); a recipe's mean accuracy counts only the tasks all of its seeds
 and bf16's were evaluated on, so a missing task cannot move it. Evaluations on the full task sets
 are used where a model has any; else those of its most used document limit (``eval_limit``).
+
+Runs of one seed share their initial weights and their data order across recipes (``adahop.train``
+seeds both from the run's seed; a DDP run draws the same global batches), and the seed's own effect
+on the loss is larger than most recipe gaps. So each row also carries ``paired``: per baseline, the
+per-seed differences on the seeds both recipes have, their mean and sd, and on how many seeds the
+recipe is lower. Every recipe is paired with bf16, and the method (adahop) with every other recipe.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from typing import Any, Iterable, Mapping
 
 CORPUS_TASK, BPB = "corpus_ppl", "bits_per_byte"
 REFERENCE = "bf16"
+METHOD = "adahop"
+PAIRED_METRICS = ("final_val_loss", "bits_per_byte")  # lower is better in both
 
 
 def _accuracy_metric(metrics: set[str]) -> str | None:
@@ -94,7 +102,32 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
                 reference + "_sd": _spread(list(theirs.values())),
             }
         rows.append(row)
+    _add_paired(rows, reference)
     return rows
+
+
+def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
+    """Give each row ``paired``: ``{baseline: {metric: {"seeds", "per_seed", "mean", "sd", "lower"}}}``
+    (recipe − baseline on the seeds both have; ``lower``: how many of those differences are < 0)."""
+    by_key = {(r["model"], r["recipe"]): r for r in rows}
+    for row in rows:
+        recipe = row["recipe"]
+        others = [k[1] for k in by_key if k[0] == row["model"] and k[1] != recipe]
+        baselines = [b for b in others if b == reference or recipe == METHOD]
+        baselines.sort(key=lambda b: (b != reference, b))
+        row["paired"] = {}
+        for base in baselines:
+            other = by_key[(row["model"], base)]
+            pairs = {}
+            for name in PAIRED_METRICS:
+                mine, theirs = row[name]["per_seed"], other[name]["per_seed"]
+                diffs = {s: mine[s] - theirs[s] for s in sorted(set(mine) & set(theirs), key=int)}
+                if diffs:
+                    values = list(diffs.values())
+                    pairs[name] = {"seeds": [int(s) for s in diffs], "per_seed": diffs, "mean": _mean(values),
+                                   "sd": _spread(values), "lower": sum(v < 0 for v in values)}
+            if pairs:
+                row["paired"][base] = pairs
 
 
 def _num(x: float | None, digits: int = 3, signed: bool = False) -> str:
@@ -125,7 +158,43 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
             cells.append(_num(m[gap], digits, signed=True)
                          + (f" [{_num(m[ref_sd], digits)}]" if m[gap] is not None and m[ref_sd] is not None else ""))
         seeds = ", ".join(map(str, r["seeds"])) or "—"
+        evaluated = sorted(int(s) for s in r["bits_per_byte"]["per_seed"])
+        if evaluated and evaluated != r["seeds"]:
+            seeds += f" (lm-eval: {', '.join(map(str, evaluated))})"
         tasks = f"{len(r['tasks'])}" + (f" (first {r['eval_limit']} documents)" if r.get("eval_limit") is not None else "")
         lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {tasks} |")
+    lines += _paired_markdown(rows, reference)
     lines += ["", "Sources:", *[f"- `{s}`" for s in sources], ""]
     return "\n".join(lines)
+
+
+def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
+    table = []
+    for r in rows:
+        for base, pairs in r.get("paired", {}).items():
+            cells = []
+            for name, digits in (("final_val_loss", 3), ("bits_per_byte", 4)):
+                p = pairs.get(name)
+                if p is None:
+                    cells += ["—", "—"]
+                    continue
+                each = ", ".join(f"s{s} {_num(v, digits, signed=True)}" for s, v in p["per_seed"].items())
+                cells += [_num(p["mean"], digits, signed=True) + (f" ± {_num(p['sd'], digits)}" if p["sd"] is not None
+                                                                  else "") + f" ({each})",
+                          f"{p['lower']} of {len(p['seeds'])}"]
+            table.append(f"| {r['model']} | {r['recipe']} | {base} | " + " | ".join(cells) + " |")
+    if not table:
+        return []
+    return [
+        "",
+        "## Paired by seed",
+        "",
+        "A seed fixes the initial weights and the data order for every recipe, so the difference on one",
+        "seed leaves that seed's own luck out. Each cell: mean over the shared seeds of recipe − baseline",
+        "(± sd of those differences; then each seed's difference), and on how many seeds the recipe",
+        f"is lower. Every recipe against {reference}; {METHOD} against every other recipe.",
+        "",
+        "| model | recipe | baseline | held-out loss: recipe − baseline | lower on | bits per byte: recipe − baseline | lower on |",
+        "|---|---|---|---|---|---|---|",
+        *table,
+    ]

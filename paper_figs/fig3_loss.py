@@ -4,7 +4,8 @@ Reads results/pretrain/<profile>/<model>_<recipe>_s<seed>.json (experiments/pret
 record's ``loss_curve`` (training loss at ~20 evenly spaced steps), ``val_curve`` (held-out loss
 at every evaluation) and ``tokens_per_step``. One row of panels per model size: training loss and
 held-out loss against training tokens (line: mean over seeds; band: min to max over seeds), and
-the final held-out loss of every seed per recipe.
+the final held-out loss of every seed per recipe, one marker shape per seed (one seed
+fixes the initial weights and the data order for every recipe, so same-seed markers pair up).
 """
 
 from __future__ import annotations
@@ -66,12 +67,18 @@ def main(argv: list[str] | None = None) -> None:
             present = [r for r in order if r in set(final["recipe"])]
             sns.pointplot(data=final, y="recipe", x="final_val_loss", order=present, hue="recipe", palette=palette,
                           errorbar=None, markers="|", markersize=14, linestyle="none", legend=False, ax=ax)
-            sns.stripplot(data=final, y="recipe", x="final_val_loss", order=present, hue="recipe", palette=palette,
-                          size=5, alpha=0.8, jitter=False, legend=False, ax=ax)
+            # A seed fixes initial weights and data order for every recipe: one marker per seed pairs the dots.
+            seed_order = sorted(set(final["seed"]))
+            markers = dict(zip(seed_order, "osD^vP*X"))
+            for r in final.itertuples():
+                ax.plot(r.final_val_loss, present.index(r.recipe), linestyle="none", marker=markers.get(r.seed, "o"),
+                        markersize=6, alpha=0.85, color=palette[r.recipe], markeredgecolor="0.2", markeredgewidth=0.5)
+            ax.legend([plt.Line2D([], [], linestyle="none", marker=markers.get(seed, "o"), color="0.5") for seed in seed_order],
+                      [f"seed {seed}" for seed in seed_order], fontsize=7, loc="best", framealpha=0.8)
             ax.set_yticks(range(len(present)), [f"{r} ({common.seeds_label(seeds[(model, r)])})" for r in present])
         ax.set_xlabel("final held-out loss (nats/token)")
         ax.set_ylabel("")
-        ax.set_title(f"{model}: final held-out loss (dots: seeds, bar: mean)")
+        ax.set_title(f"{model}: final held-out loss (markers: seeds, bar: mean)")
         if row[0].get_legend() is not None:
             row[0].get_legend().remove()
     handles = [plt.Line2D([], [], color=palette[r]) for r in order]

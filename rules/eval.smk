@@ -37,6 +37,7 @@ rule eval_table:
 rule quality_table:
     input:
         script="experiments/quality.py",
+        module="adahop/quality.py",  # the table's arithmetic: a change there regenerates it
         # pretraining and lm-eval results of every run (with committed results: those done so far)
         results=results_inputs(
             [*(results_path("pretrain", run) for run in RUNS), *(results_path("eval", run) for run in RUNS)],

@@ -22,6 +22,7 @@ rule patterns:
 rule pattern_tables:
     input:
         script="experiments/pattern_tables.py",
+        module="adahop/study.py",  # the summaries' arithmetic: a change there regenerates them
         results=results_inputs([results_path("patterns", "patterns")]),
     output:
         md=f"results/pattern_summary/{PROFILE}/summary.md",

@@ -79,3 +79,30 @@ def test_limited_evaluations_count_where_a_model_has_no_full_ones():
     assert rows["mxfp4"]["eval_limit"] == 20
     assert rows["mxfp4"]["mean_accuracy"]["gap_to_bf16"] == pytest.approx(-0.1)
     assert "(first 20 documents)" in markdown(list(rows.values()), [])
+
+
+def test_paired_differences_use_only_the_seeds_both_recipes_have():
+    runs = [pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.2),
+            pretrain("adahop", 0, 3.1), pretrain("adahop", 1, 3.25), pretrain("adahop", 2, 9.9),
+            pretrain("mxfp4", 1, 3.3), pretrain("tseng", 0, 3.05)]
+    rows = {r["recipe"]: r for r in quality_rows(runs, [score("bf16", 0, "corpus_ppl", "bits_per_byte", 1.0),
+                                                         score("adahop", 0, "corpus_ppl", "bits_per_byte", 1.1)])}
+    ada = rows["adahop"]["paired"]
+    assert list(ada) == ["bf16", "mxfp4", "tseng"]  # the reference first; the method against every recipe
+    loss = ada["bf16"]["final_val_loss"]
+    assert loss["seeds"] == [0, 1] and loss["per_seed"] == {"0": pytest.approx(0.1), "1": pytest.approx(0.05)}
+    assert loss["mean"] == pytest.approx(0.075) and loss["sd"] == pytest.approx(math.sqrt(2) * 0.025)
+    assert loss["lower"] == 0
+    assert ada["mxfp4"]["final_val_loss"] == {"seeds": [1], "per_seed": {"1": pytest.approx(-0.05)},
+                                              "mean": pytest.approx(-0.05), "sd": None, "lower": 1}
+    assert "bits_per_byte" not in ada["mxfp4"] and ada["bf16"]["bits_per_byte"]["mean"] == pytest.approx(0.1)
+    assert ada["tseng"]["final_val_loss"]["lower"] == 0  # 3.1 − 3.05 > 0
+    assert list(rows["tseng"]["paired"]) == ["bf16"] and rows["bf16"]["paired"] == {}  # other recipes: bf16 only
+
+
+def test_markdown_pairs_by_seed_and_names_the_evaluated_seeds():
+    runs = [pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.2), pretrain("adahop", 0, 3.1), pretrain("adahop", 1, 3.12)]
+    evals = [score("adahop", 1, "corpus_ppl", "bits_per_byte", 1.0)]
+    text = markdown(quality_rows(runs, evals), [])
+    assert "| 125m | adahop | 0, 1 (lm-eval: 1) |" in text
+    assert "| 125m | adahop | bf16 | +0.010 ± 0.127 (s0 +0.100, s1 -0.080) | 1 of 2 | — | — |" in text
