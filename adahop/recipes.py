@@ -18,7 +18,14 @@ recipe              fwd / dgrad / wgrad        notes
                                                uses QuEST clipping in the forward; RTN here)
 ``adahop``          table policy               30 calibration steps of plain MXFP4, then DESIGN §1
 ``adahop-measured`` measured policy            lowest measured output error per GEMM
+``adahop-no-oe``    table policy               ablation: ``adahop``'s table with IHT where it has
+                                               OE-left/right (only the BF16 fallback left)
+``adahop-no-bf16``  table policy               ablation: ``adahop``'s table with IHT where it has BF16
+                                               (col-col), every GEMM in FP4
 ==================  =========================  ======================================================
+
+The two ablations separate what ``adahop`` adds over ``uniform-iht``: the outlier-extraction picks
+and the BF16 fallback (each ablation keeps one of the two).
 
 Rounding: the forward operands always round to nearest (ties to even). ``grad_rounding`` applies
 to grad_output in both backward GEMMs; ``saved_rounding`` to the copies of X (along tokens) and W
@@ -32,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from adahop.patterns import PatternDetector
-from adahop.policy import REFERENCE_TABLE, SLOTS, Strategy, StrategyTable, parse_strategy
+from adahop.policy import REFERENCE_TABLE, REFERENCE_TABLE_ENTRIES, SLOTS, Strategy, StrategyTable, parse_strategy
 
 POLICIES = ("table", "measured")
 ROUNDINGS = ("rne", "sr")
@@ -155,8 +162,13 @@ def _fixed(name: str, description: str, fwd: str, dgrad: str, wgrad: str, **kw: 
     return Recipe(name, description, Strategy(fwd), Strategy(dgrad), Strategy(wgrad), **kw)
 
 
-def _policy(name: str, description: str, policy: str) -> Recipe:
-    return Recipe(name, description, policy=policy, calibration_steps=30)
+def _policy(name: str, description: str, policy: str, table: StrategyTable = REFERENCE_TABLE) -> Recipe:
+    return Recipe(name, description, policy=policy, calibration_steps=30, table=table)
+
+
+def _reference_table_with_iht_for(*strategies: str) -> StrategyTable:
+    """The reference table with IHT in every cell that holds one of ``strategies``."""
+    return StrategyTable.from_mapping({pair: "iht" if s in strategies else s for pair, s in REFERENCE_TABLE_ENTRIES.items()})
 
 
 _BACKWARD_RHT_SR = dict(random_signs=frozenset({"dgrad", "wgrad"}), saved_rounding="sr")
@@ -173,6 +185,10 @@ RECIPES: dict[str, Recipe] = {
                "iht", "iht", "iht", **_BACKWARD_RHT_SR),
         _policy("adahop", "AdaHOP: calibrated outlier patterns → strategy table (DESIGN §1)", "table"),
         _policy("adahop-measured", "per GEMM the strategy with the lowest measured calibration error", "measured"),
+        _policy("adahop-no-oe", "ablation: AdaHOP's table with IHT in place of OE-left/right (BF16 fallback kept)",
+                "table", _reference_table_with_iht_for("iht+oe-left", "iht+oe-right")),
+        _policy("adahop-no-bf16", "ablation: AdaHOP's table with IHT in place of the BF16 fallback (all GEMMs FP4)",
+                "table", _reference_table_with_iht_for("bf16")),
     )
 }
 

@@ -7,10 +7,13 @@
 PRETRAIN = config["pretrain"]
 # Keys of the pretrain section that choose which runs exist; the others are training settings
 # (fields of adahop.train.TrainConfig) that the script reads, and the params every run shares.
-PRETRAIN_MATRIX_KEYS = ("models", "recipes", "seeds")
+PRETRAIN_MATRIX_KEYS = ("models", "recipes", "seeds", "ablations")
 TRAIN_SETTINGS = {k: v for k, v in PRETRAIN.items() if k not in PRETRAIN_MATRIX_KEYS}
 RUN = "{model}_{recipe}_s{seed}"
 RUNS = expand(RUN, model=PRETRAIN["models"], recipe=PRETRAIN["recipes"], seed=PRETRAIN["seeds"])
+# Ablation runs (their own recipes and seeds) join the runs the tables and figures 3 and 6 read.
+ABLATIONS = PRETRAIN.get("ablations", {})
+RUNS += expand(RUN, model=PRETRAIN["models"], recipe=ABLATIONS.get("recipes", []), seed=ABLATIONS.get("seeds", []))
 
 
 wildcard_constraints:

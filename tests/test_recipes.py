@@ -43,6 +43,8 @@ FLOORS = {
     "quartet-style": {"gaussian": (0.21, 0.29, 0.30), "outliers": (0.20, 0.29, 0.22)},
     "adahop": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
     "adahop-measured": {"gaussian": (0.21, 0.25, 0.25), "outliers": (0.20, 0.08, 0.05)},
+    "adahop-no-oe": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.28, 0.14)},
+    "adahop-no-bf16": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.19)},
 }
 
 
@@ -135,7 +137,8 @@ def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
 
 
 def test_registry_entries():
-    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured"}
+    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured",
+                            "adahop-no-oe", "adahop-no-bf16"}
     tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]
     assert tseng.fwd is Strategy.BF16 and quartet.fwd is Strategy.IHT
     for r in (tseng, quartet):
@@ -147,6 +150,22 @@ def test_registry_entries():
         r = RECIPES[name]
         assert r.calibration_steps == 30 and r.outlier_k == 64 and r.grad_rounding == "sr"
         assert r.table == REFERENCE_TABLE and r.calibration_strategy is Strategy.MXFP4
+    # The ablations: the reference table with IHT in the OE cells (no-oe) or in the BF16 cell (no-bf16).
+    ref = REFERENCE_TABLE.to_dict()
+    for name, dropped in (("adahop-no-oe", {"iht+oe-left", "iht+oe-right"}), ("adahop-no-bf16", {"bf16"})):
+        r = RECIPES[name]
+        assert r.policy == "table" and r.calibration_steps == 30 and r.outlier_k == 64
+        changed = {pair for pair in ref if r.table[pair] is not Strategy(ref[pair])}
+        assert changed == {pair for pair, s in ref.items() if s in dropped} and changed
+        assert all(r.table[pair] is Strategy.IHT for pair in changed)
+
+
+def test_ablations_swap_only_their_part_of_the_table_on_planted_outliers():
+    # Planted pairs (test above): fwd col-none -> iht, dgrad row-none -> iht+oe-left, wgrad col-col -> bf16.
+    _, no_oe = run_recipe("adahop-no-oe", "outliers")
+    assert no_oe.strategies == {"fwd": Strategy.IHT, "dgrad": Strategy.IHT, "wgrad": Strategy.BF16}
+    _, no_bf16 = run_recipe("adahop-no-bf16", "outliers")
+    assert no_bf16.strategies == {"fwd": Strategy.IHT, "dgrad": Strategy.IHT_OE_LEFT, "wgrad": Strategy.IHT}
 
 
 def test_overrides_are_coerced_from_plain_data():

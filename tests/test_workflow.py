@@ -23,7 +23,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 WORKFLOW_FILES = ("Snakefile", "rules", "config", "profiles", "experiments", "paper_figs", "tests/bench",
-                  "adahop/paper_reference.yaml")
+                  "adahop/paper_reference.yaml", "adahop/quality.py", "adahop/study.py")
 PROFILES = ("smoke", "gpu")
 STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "throughput", "eval",
                "strategies")
@@ -93,7 +93,9 @@ def test_dry_run_resolves_every_stage(workflow, name):
     assert "Using workflow specific profile profiles/default" in out.output
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
-    n_runs = len(runs["models"]) * len(runs["recipes"]) * len(runs["seeds"])
+    ablations = runs.get("ablations", {"recipes": [], "seeds": []})
+    n_runs = len(runs["models"]) * (len(runs["recipes"]) * len(runs["seeds"])
+                                    + len(ablations["recipes"]) * len(ablations["seeds"]))
     calibrating = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["$defs"]["calibrating_recipe"]["enum"]
     n_calibrating = len(runs["models"]) * sum(r in calibrating for r in runs["recipes"]) * len(runs["seeds"])
     assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": 8,
@@ -303,7 +305,7 @@ def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(wor
     out = snakemake(workflow, "-n", *targets, "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode == 0, out.output[-3000:]
     assert job_counts(out.output) == {"figure": 2, "eval_table": 1, "quality_table": 1}
-    assert "2 of 18 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
+    assert "2 of 22 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
     # `all` still wants every run
     out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0 and "results_from: committed, but" in out.output
@@ -367,8 +369,8 @@ def script_keys() -> dict[str, set[str]]:
         "memory": {"size", *memory.COMMON, *(k for size in memory.SIZES.values() for k in size)},
         "patterns": set(load("patterns").DEFAULTS),
         "eval": set(load("evaluate").DEFAULTS),
-        # models × recipes × seeds choose the runs; the rest are TrainConfig fields, one run each.
-        "pretrain": {"models", "recipes", "seeds", *load("pretrain").SECTION_KEYS}
+        # models × recipes × seeds (and ablations) choose the runs; the rest are TrainConfig fields.
+        "pretrain": {"models", "recipes", "seeds", "ablations", *load("pretrain").SECTION_KEYS}
         | {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "recipe", "seed"},
     }
 
