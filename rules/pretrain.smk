@@ -14,6 +14,9 @@ RUNS = expand(RUN, model=PRETRAIN["models"], recipe=PRETRAIN["recipes"], seed=PR
 # Ablation runs (their own recipes and seeds) join the runs the tables and figures 3 and 6 read.
 ABLATIONS = PRETRAIN.get("ablations", {})
 RUNS += expand(RUN, model=PRETRAIN["models"], recipe=ABLATIONS.get("recipes", []), seed=ABLATIONS.get("seeds", []))
+_twice = sorted({run for run in RUNS if RUNS.count(run) > 1})
+if _twice:
+    raise WorkflowError(f"pretrain.ablations repeats runs of pretrain.recipes × seeds: {_twice}")
 
 
 wildcard_constraints:

@@ -190,6 +190,16 @@ def test_bad_profile_is_refused_naming_the_problem(workflow, edit, named):
     assert "Error validating config file" in out.output and named in out.output
 
 
+def test_ablations_that_repeat_a_run_are_refused(workflow):
+    bad = profile("smoke")
+    bad["pretrain"]["ablations"] = {"recipes": [bad["pretrain"]["recipes"][0]], "seeds": [bad["pretrain"]["seeds"][0]]}
+    (workflow / "config" / "bad.yaml").write_text(yaml.safe_dump(bad))
+    out = snakemake(workflow, "-n", "all", "--configfile", "config/bad.yaml")
+    assert out.returncode != 0 and "pretrain.ablations repeats runs" in out.output
+    run = f"{bad['pretrain']['models'][0]}_{bad['pretrain']['recipes'][0]}_s{bad['pretrain']['seeds'][0]}"
+    assert run in out.output
+
+
 def test_stage_settings_cannot_be_overridden_with_config(workflow):
     # The scripts read the profile file; a --config override would be seen by snakemake only.
     out = snakemake(workflow, "-n", "all", "--config", 'eval={"tasks": ["piqa"], "limit": 3}')
