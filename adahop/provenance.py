@@ -67,19 +67,25 @@ def device_description(device: torch.device | str | None = None) -> dict[str, An
     return {"type": device.type, "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
 
 
+def git_state() -> tuple[str | None, bool | None]:
+    """``(commit, dirty)`` of the code running. A copy of the tree sent to a GPU machine is told
+    them through the environment (ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY), and that wins over git: such
+    a copy can carry a stale .git (one from before the commits it holds)."""
+    commit = os.environ.get("ADAHOP_GIT_COMMIT") or _git("rev-parse", "HEAD")
+    dirty = _env_flag("ADAHOP_GIT_DIRTY")
+    if dirty is None:
+        status = _git("status", "--porcelain", "--untracked-files=no")
+        dirty = bool(status) if status is not None else None
+    return commit, dirty
+
+
 def provenance(
     config: dict[str, Any] | None = None,
     seed: int | None = None,
     device: torch.device | str | None = None,
 ) -> dict[str, Any]:
     """The provenance object stamped on every results file."""
-    # A copy of the tree sent to a GPU machine is told its commit through the environment, and that
-    # wins over git: such a copy can carry a stale .git (one from before the commits it holds).
-    commit = os.environ.get("ADAHOP_GIT_COMMIT") or _git("rev-parse", "HEAD")
-    dirty = _env_flag("ADAHOP_GIT_DIRTY")
-    if dirty is None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
-        dirty = bool(status) if status is not None else None
+    commit, dirty = git_state()
     return {
         "git_commit": commit,
         "git_dirty": dirty,

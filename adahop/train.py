@@ -50,7 +50,7 @@ from torch import nn
 
 import adahop
 from adahop.model import Llama, LlamaConfig
-from adahop.provenance import atomic_write_text
+from adahop.provenance import atomic_write_text, git_state
 
 # Dense bf16 tensor-core peaks (FLOP/s) by a substring of the CUDA device name; the first match
 # wins, so the more specific names come first. Unknown devices (and CPUs) report no MFU.
@@ -342,6 +342,10 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.last_checkpoint: Path | None = None
         self.history: list[dict[str, Any]] = []
+        # Which code trained which steps: one entry per start or resume (a run split over device
+        # calls, or resumed on a machine that kept an older commit's checkpoint, says so).
+        commit, dirty = git_state()
+        self.segments: list[dict[str, Any]] = [{"from_step": 0, "git_commit": commit, "git_dirty": dirty}]
         self.stop_reason: str | None = None  # set by request_stop (e.g. from a signal handler)
         self._stop_agreed = False  # some rank asked to stop (from the last step's all-reduce)
         if self.out_dir is not None:
@@ -397,6 +401,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "ranks": per_rank,
             "best_val_loss": self.best_val_loss,
+            "segments": self.segments,
         }
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         path = self.checkpoint_dir / f"step_{self.step:08d}.pt"
@@ -439,6 +444,9 @@ class Trainer:
         self.train_batches.load_state_dict(mine["data"])
         set_rng_state(mine["rng"])
         self.step, self.best_val_loss, self.last_checkpoint = state["step"], state["best_val_loss"], found[-1]
+        # (a checkpoint from before segments were recorded: its earlier code is unknown)
+        earlier = state.get("segments", [{"from_step": 0, "git_commit": None, "git_dirty": None}])
+        self.segments = [*earlier, {**self.segments[-1], "from_step": self.step}]
         # Lines logged after the checkpoint belong to the lost part of the interrupted run.
         metrics = self.out_dir / "metrics.jsonl"
         if self.dist.is_main and metrics.exists():

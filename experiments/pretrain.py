@@ -170,6 +170,8 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         "world_size": info.world_size,
         "tokens_per_step": trainer.tokens_per_step,
         "run_dir": str(out),
+        # the commits that trained it: more than one entry where the run was resumed
+        "segments": trainer.segments,
         **summarize(history),
     }
     write_results(results, [record], config={**dataclasses.asdict(cfg), "data": str(args.data)},

@@ -121,6 +121,26 @@ def test_resume_after_kill_continues_the_same_loss_curve(corpus, tmp_path):
     assert list(again) == list(range(1, 9))
     assert again == straight  # bit-for-bit on CPU
 
+    # Which code trained which steps: a resume adds a segment from its step, with the commit it runs.
+    assert [seg["from_step"] for seg in resumed.segments] == [0, 4]
+    assert resumed.segments[0]["git_commit"] == resumed.segments[1]["git_commit"] is not None
+
+
+def test_a_resume_under_other_code_is_recorded(corpus, tmp_path, monkeypatch):
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("ADAHOP_GIT_DIRTY", "0")
+    first = make_trainer(corpus, tmp_path / "run")
+    first.run(until=4)
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", "b" * 40)
+    monkeypatch.setenv("ADAHOP_GIT_DIRTY", "1")
+    second = make_trainer(corpus, tmp_path / "run")
+    assert second.step == 4
+    second.run()
+    assert second.segments == [{"from_step": 0, "git_commit": "a" * 40, "git_dirty": False},
+                               {"from_step": 4, "git_commit": "b" * 40, "git_dirty": True}]
+    last = torch.load(second.checkpoints()[-1], map_location="cpu", weights_only=False)
+    assert last["segments"] == second.segments
+
 
 def test_request_stop_checkpoints_that_step_and_resumes_on_the_same_curve(corpus, tmp_path):
     make_trainer(corpus, tmp_path / "straight").run()
@@ -234,6 +254,7 @@ def test_cli_writes_run_dir_hf_export_and_results(corpus, profile, tmp_path):
                         "--steps", "6", "--device", "cpu", "--no-progress"])
     record = read_results(results)["records"][0]
     assert record["steps"] == 6 and record["tokens"] == 6 * 4 * 64 and record["final_val_loss"] is not None
+    assert [seg["from_step"] for seg in record["segments"]] == [0]  # one start, no resume
     assert read_results(results)["provenance"]["config"]["seq_len"] == 64  # from the profile
     assert (out / "strategies.json").exists() and (out / "checkpoints" / "step_00000006.pt").exists()
     model = load_hf(out / "hf")
