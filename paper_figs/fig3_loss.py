@@ -3,7 +3,8 @@
 Reads results/pretrain/<profile>/<model>_<recipe>_s<seed>.json (experiments/pretrain.py): each
 record's ``loss_curve`` (training loss at ~20 evenly spaced steps), ``val_curve`` (held-out loss
 at every evaluation) and ``tokens_per_step``. One row of panels per model size: training loss and
-held-out loss against training tokens (line: mean over seeds; band: min to max over seeds), and
+held-out loss against training tokens (line: mean over seeds; band: min to max over seeds), each
+recipe's held-out loss minus bf16's on the same seed at the same step (when the gap opens), and
 the final held-out loss of every seed per recipe, one marker shape per seed (one seed
 fixes the initial weights and the data order for every recipe, so same-seed markers pair up).
 """
@@ -28,6 +29,16 @@ def curves(runs: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "recipe", "seed", "tokens", value])
 
 
+def paired_to_reference(val: pd.DataFrame, reference: str = "bf16") -> pd.DataFrame:
+    """Held-out loss minus the ``reference`` run's of the same model and seed at the same token
+    count (a seed fixes initial weights and data order for every recipe), for every other recipe:
+    columns model, recipe, seed, tokens, gap. Points without a reference point are left out."""
+    ref = val[val["recipe"] == reference][["model", "seed", "tokens", "val_loss"]]
+    other = val[val["recipe"] != reference]
+    both = other.merge(ref, on=["model", "seed", "tokens"], suffixes=("", "_ref"))
+    return both.assign(gap=both["val_loss"] - both["val_loss_ref"])[["model", "recipe", "seed", "tokens", "gap"]]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
@@ -42,8 +53,9 @@ def main(argv: list[str] | None = None) -> None:
     scale, unit = (1e6, "M") if train["tokens"].max() >= 1e6 else (1e3, "k")
 
     common.style()
-    fig, axes = plt.subplots(len(models), 3, figsize=(13, 3.8 * len(models)), squeeze=False,
-                             gridspec_kw={"width_ratios": [1.2, 1.2, 1]})
+    gaps = paired_to_reference(val)
+    fig, axes = plt.subplots(len(models), 4, figsize=(17, 3.8 * len(models)), squeeze=False,
+                             gridspec_kw={"width_ratios": [1.2, 1.2, 1.2, 1]})
     for row, model in zip(axes, models):
         for ax, frame, value, title in (
             (row[0], train, "loss", "training loss"),
@@ -59,8 +71,24 @@ def main(argv: list[str] | None = None) -> None:
             ax.set_xlabel(f"training tokens ({unit})")
             ax.set_ylabel(f"{title} (nats/token)")
             ax.set_title(f"{model}: {title}")
-        final = runs[runs["model"] == model].dropna(subset=["final_val_loss"])
         ax = row[2]
+        part = gaps[gaps["model"] == model].assign(tokens=lambda d: d["tokens"] / scale)
+        if part.empty:
+            ax.text(0.5, 0.5, "no bf16 run of the same seed to pair with", ha="center", va="center", transform=ax.transAxes)
+        else:
+            sns.lineplot(data=part, x="tokens", y="gap", hue="recipe", hue_order=[r for r in order if r in set(part["recipe"])],
+                         palette=palette, errorbar=("pi", 100), marker="o", markersize=4, ax=ax, legend=False)
+            ax.axhline(0, color="0.3", linewidth=0.8)
+            # the first evaluations' gaps dwarf the later ones: show from the second on
+            later = part[part["tokens"] > part["tokens"].min()]["gap"]
+            if not later.empty:
+                pad = 0.1 * (later.max() - later.min() or abs(later.max()) or 1.0)
+                ax.set_ylim(min(0.0, later.min()) - pad, max(0.0, later.max()) + pad)
+        ax.set_xlabel(f"training tokens ({unit})")
+        ax.set_ylabel("held-out loss − bf16, same seed")
+        ax.set_title(f"{model}: gap to bf16 (line: mean over shared seeds)")
+        final = runs[runs["model"] == model].dropna(subset=["final_val_loss"])
+        ax = row[3]
         if final.empty:
             ax.text(0.5, 0.5, "no final held-out loss", ha="center", va="center", transform=ax.transAxes)
         else:
