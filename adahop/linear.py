@@ -41,6 +41,7 @@ Autocast: under ``torch.autocast`` the layer casts X, W and bias to the autocast
 from __future__ import annotations
 
 import warnings
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -485,7 +486,9 @@ class QuantLinear(nn.Linear):
         self.layer_id = layer_id
         self.step = 0
         self.micro = 0
-        self.calibration = Calibration()
+        self.calibration = Calibration()  # the votes (and errors) behind the current strategies
+        self.recalibration: Calibration | None = None  # those being gathered while recalibrating
+        self.fixed_at: list[dict[str, Any]] = []  # every (re)fix: step and strategies
         if recipe.policy is None:
             self.phase, self.strategies = "fixed", dict(recipe.fixed_strategies)
         else:
@@ -551,7 +554,7 @@ class QuantLinear(nn.Linear):
         x2d = x.reshape(-1, self.in_features).contiguous()
         tokens = x2d.shape[0]
         need_backward = torch.is_grad_enabled() and (x2d.requires_grad or w.requires_grad)
-        calibrating = self.phase == "calibrating" and self.training and need_backward
+        calibrating = self.phase in ("calibrating", "recalibrating") and self.training and need_backward
         pad = (-tokens) % self.recipe.dim_multiple
         xp = F.pad(x2d, (0, 0, 0, pad)) if pad else x2d
         plan = self._plan(xp.shape[0], need_backward, calibrating, x.device)
@@ -566,31 +569,44 @@ class QuantLinear(nn.Linear):
 
     # -- calibration
 
+    @property
+    def _collecting(self) -> Calibration:
+        """The calibration this step's observations go to."""
+        return self.recalibration if self.phase == "recalibrating" else self.calibration
+
     def _observe_forward(self, x: torch.Tensor, w: torch.Tensor, xp: torch.Tensor, plan: CallPlan) -> None:
         detect = self.recipe.detector
         with torch.no_grad():
-            self.calibration.vote("x", detect(x))
-            self.calibration.vote("w", detect(w))
+            self._collecting.vote("x", detect(x))
+            self._collecting.vote("w", detect(w))
             if plan.sample_idx is not None:
-                self.calibration.add_errors(
+                self._collecting.add_errors(
                     "fwd", score_strategies(self.recipe, "fwd", Operand(xp), Operand(w), plan.call))
         plan.tokens = x.shape[0]
 
     def _observe_backward(self, g, w_full, sample_idx, x_sample, plan: CallPlan) -> None:
         with torch.no_grad():
-            self.calibration.vote("g", self.recipe.detector(g[: plan.tokens]))
+            self._collecting.vote("g", self.recipe.detector(g[: plan.tokens]))
             if sample_idx is not None:
-                self.calibration.add_errors(
+                self._collecting.add_errors(
                     "dgrad", score_strategies(self.recipe, "dgrad", Operand(g), Operand(w_full, transpose=True), plan.call))
-                self.calibration.add_errors(
+                self._collecting.add_errors(
                     "wgrad", score_strategies(self.recipe, "wgrad", Operand(g[sample_idx], transpose=True),
                                               Operand(x_sample, transpose=True), plan.call))
 
     def on_optimizer_step(self) -> None:
-        """Advance the step counter (seeds) and end calibration after ``calibration_steps`` steps."""
+        """Advance the step counter (seeds); end calibration after ``calibration_steps`` steps; with
+        ``recalibration_interval`` I, observe again from each step C + k·I (k ≥ 1) for C steps."""
         self.step += 1
         self.micro = 0
-        if self.phase == "calibrating" and self.step >= self.recipe.calibration_steps:
+        c, interval = self.recipe.calibration_steps, self.recipe.recalibration_interval
+        since = self.step - c
+        if self.phase == "calibrating" and self.step >= c:
+            self.finish_calibration()
+        elif self.phase == "fixed" and interval and since > 0 and since % interval == 0:
+            self.phase, self.recalibration = "recalibrating", Calibration()
+        elif self.phase == "recalibrating" and since % interval >= c:
+            self.calibration, self.recalibration = self.recalibration, None
             self.finish_calibration()
 
     def finish_calibration(self) -> None:
@@ -599,6 +615,7 @@ class QuantLinear(nn.Linear):
         self.strategies = decide(self.recipe.policy, self.calibration, self.recipe.table,
                                  f"layer {self.layer_id}", self.recipe.measured_margin)
         self.phase = "fixed"
+        self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies)})
 
     # -- state
 
@@ -617,11 +634,13 @@ class QuantLinear(nn.Linear):
             out.update(
                 policy=self.recipe.policy,
                 calibration_steps=self.recipe.calibration_steps,
-                labels=labels if self.phase == "fixed" else None,
+                labels=labels if self.phase != "calibrating" else None,
                 votes=self.calibration.to_dict()["votes"],
-                pairs={s: "-".join(p) for s, p in pattern_pairs(labels).items()} if self.phase == "fixed" else None,
+                pairs={s: "-".join(p) for s, p in pattern_pairs(labels).items()} if self.phase != "calibrating" else None,
                 relative_errors=self.calibration.relative_errors() or None,
             )
+            if self.recipe.recalibration_interval:
+                out["fixed_at"] = list(self.fixed_at)
         return out
 
     def get_extra_state(self) -> dict[str, Any]:
@@ -633,6 +652,8 @@ class QuantLinear(nn.Linear):
             "phase": self.phase,
             "strategies": strategies_to_dict(self.strategies) if self.strategies else None,
             "calibration": self.calibration.to_dict(),
+            "recalibration": self.recalibration.to_dict() if self.recalibration is not None else None,
+            "fixed_at": list(self.fixed_at),
         }
 
     def set_extra_state(self, state: Any) -> None:
@@ -646,11 +667,15 @@ class QuantLinear(nn.Linear):
                 f"checkpoint layer was trained with recipe {saved['name']!r} differing in {diff} from this "
                 f"layer's {mine['name']!r}; convert the model with the same recipe and overrides"
             )
-        if state["phase"] not in ("calibrating", "fixed"):
+        if state["phase"] not in ("calibrating", "fixed", "recalibrating"):
             raise ValueError(f"unknown phase {state['phase']!r} in QuantLinear state")
         self.layer_id, self.step, self.micro, self.phase = int(state["layer_id"]), int(state["step"]), 0, state["phase"]
         self.strategies = strategies_from_dict(state["strategies"]) if state["strategies"] else None
         self.calibration = Calibration.from_dict(state["calibration"])
+        # (states from before recalibration existed lack the last two keys)
+        recal = state.get("recalibration")
+        self.recalibration = Calibration.from_dict(recal) if recal is not None else None
+        self.fixed_at = list(state.get("fixed_at", []))
 
     def extra_repr(self) -> str:
         strat = strategies_to_dict(self.strategies) if self.strategies else "calibrating"
@@ -733,6 +758,25 @@ def on_optimizer_step(model: nn.Module) -> None:
 def export_strategies(model: nn.Module) -> dict[str, dict[str, Any]]:
     """``{module name: layer.export()}`` for every QuantLinear: labels, pairs, strategies (JSON-ready)."""
     return {name: layer.export() for name, layer in quant_layers(model)}
+
+
+def strategy_fixes(model: nn.Module) -> list[dict[str, Any]]:
+    """Per step at which calibrating layers fixed (or re-fixed) their strategies: how many GEMMs run
+    each strategy from then on (``counts``, slot → strategy → n) and how many changed since the
+    previous fix (``changed``; 0 at the first). Empty for a model without policy layers."""
+    by_step: dict[int, dict[str, dict[str, str]]] = defaultdict(dict)
+    for name, layer in quant_layers(model):
+        for fix in layer.fixed_at:
+            by_step[fix["step"]][name] = fix["strategies"]
+    out, current = [], {}
+    for step in sorted(by_step):
+        fixed = by_step[step]
+        changed = sum(current[n][slot] != s for n, strategies in fixed.items() if n in current
+                      for slot, s in strategies.items())
+        current.update(fixed)
+        counts = {slot: dict(Counter(s[slot] for s in current.values())) for slot in SLOTS}
+        out.append({"step": step, "layers": len(fixed), "counts": counts, "changed": changed})
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ recipe              fwd / dgrad / wgrad        notes
                                                OE-left/right (only the BF16 fallback left)
 ``adahop-no-bf16``  table policy               ablation: ``adahop``'s table with IHT where it has BF16
                                                (col-col), every GEMM in FP4
+``adahop-recal``    table policy               ``adahop`` that recalibrates every 250 steps, keeping its
+                                               current strategies while it observes
 ==================  =========================  ======================================================
 
 The two ablations separate what ``adahop`` adds over ``uniform-iht``: the outlier-extraction picks
@@ -60,6 +62,10 @@ class Recipe:
     seed: run seed from which every SR draw and sign vector is derived (with layer, step, call).
     measure_tokens: tokens of X kept in BF16 during ``measured`` calibration to score ``wgrad``.
     measured_margin: the relative error reduction an OE strategy must bring to be measured-picked.
+    recalibration_interval: 0 (calibrate once), or every this many steps after the first
+        calibration ends the layer observes its operands' patterns again for ``calibration_steps``
+        steps, still running its current strategies, and then fixes new ones from those votes
+        (must exceed ``calibration_steps``; policy recipes only).
     weight_for_backward: ``"mxfp4"`` (DESIGN §1: W quantized along ``out`` in the forward and saved,
         4.25 bits per weight per layer in flight) or ``"param"`` (nothing of W saved; the backward
         re-quantizes it from the parameter: less memory, one more read of W).
@@ -84,6 +90,7 @@ class Recipe:
     measure_tokens: int = 512
     measured_margin: float = 0.1
     weight_for_backward: str = "mxfp4"
+    recalibration_interval: int = 0
 
     def __post_init__(self) -> None:
         fixed = [getattr(self, s) for s in SLOTS]
@@ -111,6 +118,11 @@ class Recipe:
                              f"got {self.weight_for_backward!r}")
         if not 0.0 <= self.measured_margin < 1.0:
             raise ValueError(f"recipe {self.name!r}: measured_margin must be in [0, 1), got {self.measured_margin}")
+        if self.recalibration_interval and (self.policy is None or self.recalibration_interval <= self.calibration_steps):
+            raise ValueError(f"recipe {self.name!r}: recalibration_interval needs a policy and must exceed "
+                             f"calibration_steps ({self.calibration_steps}), got {self.recalibration_interval}")
+        if self.recalibration_interval < 0:
+            raise ValueError(f"recipe {self.name!r}: recalibration_interval must be >= 0, got {self.recalibration_interval}")
         if self.measure_tokens < 32 or self.measure_tokens % 32:
             raise ValueError(f"recipe {self.name!r}: measure_tokens must be a positive multiple of 32")
 
@@ -162,8 +174,8 @@ def _fixed(name: str, description: str, fwd: str, dgrad: str, wgrad: str, **kw: 
     return Recipe(name, description, Strategy(fwd), Strategy(dgrad), Strategy(wgrad), **kw)
 
 
-def _policy(name: str, description: str, policy: str, table: StrategyTable = REFERENCE_TABLE) -> Recipe:
-    return Recipe(name, description, policy=policy, calibration_steps=30, table=table)
+def _policy(name: str, description: str, policy: str, table: StrategyTable = REFERENCE_TABLE, **kw: Any) -> Recipe:
+    return Recipe(name, description, policy=policy, calibration_steps=30, table=table, **kw)
 
 
 def _reference_table_with_iht_for(*strategies: str) -> StrategyTable:
@@ -189,6 +201,8 @@ RECIPES: dict[str, Recipe] = {
                 "table", _reference_table_with_iht_for("iht+oe-left", "iht+oe-right")),
         _policy("adahop-no-bf16", "ablation: AdaHOP's table with IHT in place of the BF16 fallback (all GEMMs FP4)",
                 "table", _reference_table_with_iht_for("bf16")),
+        _policy("adahop-recal", "AdaHOP recalibrating every 250 steps (30 steps of votes under its current strategies)",
+                "table", recalibration_interval=250),
     )
 }
 

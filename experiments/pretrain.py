@@ -48,6 +48,7 @@ import torch.distributed as dist
 import yaml
 
 from adahop.data import read_meta
+from adahop.linear import strategy_fixes
 from adahop.model import REFERENCE_VOCAB, export_hf
 from adahop.provenance import check_replaceable, write_results
 from adahop.train import (
@@ -172,6 +173,8 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         "run_dir": str(out),
         # the commits that trained it: more than one entry where the run was resumed
         "segments": trainer.segments,
+        # when calibrating layers fixed their strategies (again, for a recalibrating recipe), and to what
+        "strategy_fixes": strategy_fixes(trainer.model),
         **summarize(history),
     }
     write_results(results, [record], config={**dataclasses.asdict(cfg), "data": str(args.data)},

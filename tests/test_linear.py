@@ -17,6 +17,7 @@ from adahop.hadamard import block_hadamard_ref
 from adahop.linear import Operand, QuantLinear, QuantSpec, SavedTensorMeter, derive_seed, quantize, strategy_mm
 from adahop.patterns import PATTERNS, opposite, planted_outliers
 from adahop.policy import REFERENCE_TABLE, Strategy
+from adahop.recipes import get_recipe
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -511,3 +512,74 @@ def test_compiled_model_does_not_recompile_across_steps():
             opt.zero_grad()
             adahop.on_optimizer_step(model)
     assert all(m.phase == "fixed" for m in model if hasattr(m, "phase"))
+
+
+# ---- recalibration
+
+
+def recalibrating_model():
+    torch.manual_seed(0)
+    return adahop.convert(nn.Sequential(nn.Linear(64, 64)), "adahop", calibration_steps=2, recalibration_interval=4)
+
+
+def train_steps(model, steps, first=0, until_cols=4):
+    """Steps ``first``… of x with outlier channels (col) before ``until_cols``, outlier tokens (row) after."""
+    phases = []
+    for step in range(first, first + steps):
+        x = (planted_outliers(64, 64, n_cols=2, col_factor=20, seed=step) if step < until_cols
+             else planted_outliers(64, 64, n_rows=2, row_factor=20, seed=step))
+        phases.append((model[0].phase, dict(model[0].active_strategies)))
+        model(x).square().sum().backward()
+        adahop.on_optimizer_step(model)
+    return phases
+
+
+def test_recalibration_observes_under_the_current_strategies_then_refixes():
+    model = recalibrating_model()
+    phases = train_steps(model, 10)
+    layer = model[0]
+    # steps 0-1 calibrate (plain MXFP4); fixed at step 2; observe again at steps 6-7; re-fixed at step 8
+    assert [p for p, _ in phases] == ["calibrating"] * 2 + ["fixed"] * 4 + ["recalibrating"] * 2 + ["fixed"] * 2
+    first = phases[2][1]
+    assert first["fwd"] is Strategy.IHT  # x col, w none: col-none
+    assert phases[6][1] == first  # recalibrating keeps running the strategies it has
+    assert phases[8][1]["fwd"] is Strategy.IHT_OE_LEFT  # x now row: row-none
+    assert [f["step"] for f in layer.fixed_at] == [2, 8]
+    assert layer.fixed_at[1]["strategies"]["fwd"] == "iht+oe-left"
+    # the votes behind the current strategies are the recalibration's (2 forwards), not the first ones
+    assert sum(layer.calibration.votes["x"].values()) == 2 and layer.calibration.labels()["x"] == "row"
+    exported = adahop.export_strategies(model)
+    assert list(exported.values())[0]["fixed_at"] == layer.fixed_at
+
+
+def test_resume_mid_recalibration_continues_its_votes():
+    uninterrupted = recalibrating_model()
+    train_steps(uninterrupted, 10)
+    half = recalibrating_model()
+    train_steps(half, 7)
+    assert half[0].phase == "recalibrating"
+    resumed = recalibrating_model()
+    resumed.load_state_dict(round_trip(half.state_dict()))
+    assert resumed[0].phase == "recalibrating" and resumed[0].recalibration.total_votes() == half[0].recalibration.total_votes()
+    train_steps(resumed, 3, first=7)
+    assert adahop.export_strategies(resumed) == adahop.export_strategies(uninterrupted)
+
+
+@pytest.mark.parametrize("recipe, overrides", [("adahop", {"calibration_steps": 4, "recalibration_interval": 4}),
+                                               ("mxfp4", {"recalibration_interval": 100}),
+                                               ("adahop", {"recalibration_interval": -1})])
+def test_recalibration_interval_is_checked(recipe, overrides):
+    with pytest.raises(ValueError, match="recalibration_interval"):
+        get_recipe(recipe, **overrides)
+
+
+def test_strategy_fixes_count_the_strategies_and_the_changes_per_fix():
+    model = recalibrating_model()
+    train_steps(model, 10)
+    first, second = adahop.linear.strategy_fixes(model)
+    assert (first["step"], first["layers"], first["changed"]) == (2, 1, 0)
+    assert first["counts"]["fwd"] == {"iht": 1} and second["counts"]["fwd"] == {"iht+oe-left": 1}
+    assert second["step"] == 8 and second["changed"] == sum(
+        model[0].fixed_at[0]["strategies"][s] != model[0].fixed_at[1]["strategies"][s] for s in ("fwd", "dgrad", "wgrad"))
+    assert second["changed"] >= 1
+    assert adahop.linear.strategy_fixes(adahop.convert(nn.Sequential(nn.Linear(64, 64)), "mxfp4")) == []

@@ -45,6 +45,7 @@ FLOORS = {
     "adahop-measured": {"gaussian": (0.21, 0.25, 0.25), "outliers": (0.20, 0.08, 0.05)},
     "adahop-no-oe": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.28, 0.14)},
     "adahop-no-bf16": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.19)},
+    "adahop-recal": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
 }
 
 
@@ -138,7 +139,7 @@ def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
 
 def test_registry_entries():
     assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured",
-                            "adahop-no-oe", "adahop-no-bf16"}
+                            "adahop-no-oe", "adahop-no-bf16", "adahop-recal"}
     tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]
     assert tseng.fwd is Strategy.BF16 and quartet.fwd is Strategy.IHT
     for r in (tseng, quartet):
@@ -150,6 +151,9 @@ def test_registry_entries():
         r = RECIPES[name]
         assert r.calibration_steps == 30 and r.outlier_k == 64 and r.grad_rounding == "sr"
         assert r.table == REFERENCE_TABLE and r.calibration_strategy is Strategy.MXFP4
+    recal = RECIPES["adahop-recal"]
+    assert recal.recalibration_interval == 250 and recal.table == REFERENCE_TABLE and recal.calibration_steps == 30
+    assert all(RECIPES[n].recalibration_interval == 0 for n in RECIPES if n != "adahop-recal")
     # The ablations: the reference table with IHT in the OE cells (no-oe) or in the BF16 cell (no-bf16).
     ref = REFERENCE_TABLE.to_dict()
     for name, dropped in (("adahop-no-oe", {"iht+oe-left", "iht+oe-right"}), ("adahop-no-bf16", {"bf16"})):

@@ -315,7 +315,7 @@ def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(wor
     out = snakemake(workflow, "-n", *targets, "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode == 0, out.output[-3000:]
     assert job_counts(out.output) == {"figure": 2, "eval_table": 1, "quality_table": 1}
-    assert "2 of 22 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
+    assert "2 of 24 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
     # `all` still wants every run
     out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0 and "results_from: committed, but" in out.output
