@@ -360,6 +360,29 @@ def test_quantized_recipes_train_and_resume_with_strategies(corpus, tmp_path, re
         assert adahop.export_strategies(resumed.model) == strategies
 
 
+def test_recalibrating_run_resumed_mid_window_matches_the_straight_run(corpus, tmp_path):
+    """adahop-recal with 2 calibration steps and an interval of 4: fixes at steps 2, 8 and 12; a
+    run killed at step 7 (inside the step 6-7 window, last checkpoint at 6) resumes on the same curve
+    and the same fixes."""
+    overrides = {"recipe": "adahop-recal", "steps": 12, "checkpoint_interval": 2, "eval_interval": 0,
+                 "recipe_overrides": {"calibration_steps": 2, "recalibration_interval": 4}}
+    straight = make_trainer(corpus, tmp_path / "straight", **overrides)
+    straight.run()
+    fixes = adahop.linear.strategy_fixes(straight.model)
+    assert [f["step"] for f in fixes] == [2, 8, 12]
+    assert all(f["layers"] == len(list(adahop.linear.quant_layers(straight.model))) for f in fixes)
+
+    killed = make_trainer(corpus, tmp_path / "killed", **overrides)
+    killed.model.model.layers[0].register_forward_hook(StepHook(at_step=8, action="kill"))
+    with pytest.raises(KeyboardInterrupt):
+        killed.run()
+    resumed = make_trainer(corpus, tmp_path / "killed", **overrides)
+    assert resumed.step == 6 and {m.phase for _, m in adahop.linear.quant_layers(resumed.model)} == {"recalibrating"}
+    resumed.run()
+    assert losses(tmp_path / "killed") == losses(tmp_path / "straight")  # bit-for-bit on CPU
+    assert adahop.linear.strategy_fixes(resumed.model) == fixes
+
+
 @pytest.mark.distributed
 def test_ddp_gloo_two_ranks_matches_one_process(corpus, profile, tmp_path):
     """2 ranks × 2 sequences against 1 process × 4 sequences: the same global batch, so the same
