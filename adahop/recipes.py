@@ -118,11 +118,11 @@ class Recipe:
                              f"got {self.weight_for_backward!r}")
         if not 0.0 <= self.measured_margin < 1.0:
             raise ValueError(f"recipe {self.name!r}: measured_margin must be in [0, 1), got {self.measured_margin}")
+        if self.recalibration_interval < 0:
+            raise ValueError(f"recipe {self.name!r}: recalibration_interval must be >= 0, got {self.recalibration_interval}")
         if self.recalibration_interval and (self.policy is None or self.recalibration_interval <= self.calibration_steps):
             raise ValueError(f"recipe {self.name!r}: recalibration_interval needs a policy and must exceed "
                              f"calibration_steps ({self.calibration_steps}), got {self.recalibration_interval}")
-        if self.recalibration_interval < 0:
-            raise ValueError(f"recipe {self.name!r}: recalibration_interval must be >= 0, got {self.recalibration_interval}")
         if self.measure_tokens < 32 or self.measure_tokens % 32:
             raise ValueError(f"recipe {self.name!r}: measure_tokens must be a positive multiple of 32")
 

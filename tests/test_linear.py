@@ -565,11 +565,13 @@ def test_resume_mid_recalibration_continues_its_votes():
     assert adahop.export_strategies(resumed) == adahop.export_strategies(uninterrupted)
 
 
-@pytest.mark.parametrize("recipe, overrides", [("adahop", {"calibration_steps": 4, "recalibration_interval": 4}),
-                                               ("mxfp4", {"recalibration_interval": 100}),
-                                               ("adahop", {"recalibration_interval": -1})])
-def test_recalibration_interval_is_checked(recipe, overrides):
-    with pytest.raises(ValueError, match="recalibration_interval"):
+@pytest.mark.parametrize("recipe, overrides, message", [
+    ("adahop", {"calibration_steps": 4, "recalibration_interval": 4}, "must exceed calibration_steps"),
+    ("mxfp4", {"recalibration_interval": 100}, "needs a policy"),
+    ("adahop", {"recalibration_interval": -1}, "must be >= 0"),
+])
+def test_recalibration_interval_is_checked(recipe, overrides, message):
+    with pytest.raises(ValueError, match=f"recalibration_interval.*{message}"):
         get_recipe(recipe, **overrides)
 
 
