@@ -13,8 +13,10 @@ are used where a model has any; else those of its most used document limit (``ev
 Runs of one seed share their initial weights and their data order across recipes (``adahop.train``
 seeds both from the run's seed; a DDP run draws the same global batches), and the seed's own effect
 on the loss is larger than most recipe gaps. So each row also carries ``paired``: per baseline, the
-per-seed differences on the seeds both recipes have, their mean and sd, and on how many seeds the
-recipe is lower. Every recipe is paired with bf16, and the method (adahop) with every other recipe.
+per-seed differences on the seeds both recipes have, their mean and sd, the 95% confidence
+interval of the mean (Student's t over the seeds: with two or three seeds it is wide, and a
+difference of the same sign on every seed can still be chance), and on how many seeds the recipe
+is lower. Every recipe is paired with bf16, and the method (adahop) with every other recipe.
 """
 
 from __future__ import annotations
@@ -125,9 +127,19 @@ def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
                 if diffs:
                     values = list(diffs.values())
                     pairs[name] = {"seeds": [int(s) for s in diffs], "per_seed": diffs, "mean": _mean(values),
-                                   "sd": _spread(values), "lower": sum(v < 0 for v in values)}
+                                   "sd": _spread(values), "ci95": _ci95(values), "lower": sum(v < 0 for v in values)}
             if pairs:
                 row["paired"][base] = pairs
+
+
+def _ci95(values: list[float]) -> list[float] | None:
+    """The 95% confidence interval of the mean of ``values`` (Student's t), None for fewer than 2."""
+    if len(values) < 2:
+        return None
+    from scipy.stats import t
+
+    mean, half = statistics.fmean(values), t.ppf(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    return [mean - half, mean + half]
 
 
 def _num(x: float | None, digits: int = 3, signed: bool = False) -> str:
@@ -179,8 +191,10 @@ def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
                     cells += ["—", "—"]
                     continue
                 each = ", ".join(f"s{s} {_num(v, digits, signed=True)}" for s, v in p["per_seed"].items())
+                ci = (f", 95% CI [{_num(p['ci95'][0], digits, signed=True)}, {_num(p['ci95'][1], digits, signed=True)}]"
+                      if p.get("ci95") else "")
                 cells += [_num(p["mean"], digits, signed=True) + (f" ± {_num(p['sd'], digits)}" if p["sd"] is not None
-                                                                  else "") + f" ({each})",
+                                                                  else "") + f" ({each}{ci})",
                           f"{p['lower']} of {len(p['seeds'])}"]
             table.append(f"| {r['model']} | {r['recipe']} | {base} | " + " | ".join(cells) + " |")
     if not table:
@@ -191,8 +205,10 @@ def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
         "",
         "A seed fixes the initial weights and the data order for every recipe, so the difference on one",
         "seed leaves that seed's own luck out. Each cell: mean over the shared seeds of recipe − baseline",
-        "(± sd of those differences; then each seed's difference), and on how many seeds the recipe",
-        f"is lower. Every recipe against {reference}; {METHOD} against every other recipe.",
+        "(± sd of those differences; then each seed's difference and the 95% confidence interval of the",
+        "mean, Student's t over the seeds), and on how many seeds the recipe is lower. With two or three",
+        "seeds an interval that holds 0 means the runs cannot tell the two recipes apart.",
+        f"Every recipe against {reference}; {METHOD} against every other recipe.",
         "",
         "| model | recipe | baseline | held-out loss: recipe − baseline | lower on | bits per byte: recipe − baseline | lower on |",
         "|---|---|---|---|---|---|---|",

@@ -93,8 +93,10 @@ def test_paired_differences_use_only_the_seeds_both_recipes_have():
     assert loss["seeds"] == [0, 1] and loss["per_seed"] == {"0": pytest.approx(0.1), "1": pytest.approx(0.05)}
     assert loss["mean"] == pytest.approx(0.075) and loss["sd"] == pytest.approx(math.sqrt(2) * 0.025)
     assert loss["lower"] == 0
+    half = 12.7062047 * loss["sd"] / math.sqrt(2)  # t(0.975, 1 degree of freedom)
+    assert loss["ci95"] == [pytest.approx(0.075 - half), pytest.approx(0.075 + half)]
     assert ada["mxfp4"]["final_val_loss"] == {"seeds": [1], "per_seed": {"1": pytest.approx(-0.05)},
-                                              "mean": pytest.approx(-0.05), "sd": None, "lower": 1}
+                                              "mean": pytest.approx(-0.05), "sd": None, "ci95": None, "lower": 1}
     assert "bits_per_byte" not in ada["mxfp4"] and ada["bf16"]["bits_per_byte"]["mean"] == pytest.approx(0.1)
     assert ada["tseng"]["final_val_loss"]["lower"] == 0  # 3.1 − 3.05 > 0
     assert list(rows["tseng"]["paired"]) == ["bf16"] and rows["bf16"]["paired"] == {}  # other recipes: bf16 only
@@ -105,4 +107,4 @@ def test_markdown_pairs_by_seed_and_names_the_evaluated_seeds():
     evals = [score("adahop", 1, "corpus_ppl", "bits_per_byte", 1.0)]
     text = markdown(quality_rows(runs, evals), [])
     assert "| 125m | adahop | 0, 1 (lm-eval: 1) |" in text
-    assert "| 125m | adahop | bf16 | +0.010 ± 0.127 (s0 +0.100, s1 -0.080) | 1 of 2 | — | — |" in text
+    assert "| 125m | adahop | bf16 | +0.010 ± 0.127 (s0 +0.100, s1 -0.080, 95% CI [-1.134, +1.154]) | 1 of 2 | — | — |" in text
