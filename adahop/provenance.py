@@ -100,7 +100,9 @@ def provenance(
             "lm_eval": _version("lm_eval"),
         },
         "device": device_description(device),
-        "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET") if k in os.environ},
+        # ADAHOP_RUNS_PER_GPU: set by scripts/h200_queue.sh where runs share a GPU (their rates are not one GPU's)
+        "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU")
+                        if k in os.environ},
         "config": config or {},
         "seed": seed,
     }

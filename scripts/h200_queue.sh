@@ -7,7 +7,7 @@
 # An item may also be stage:microbench, stage:layers, stage:memory, stage:patterns or stage:strategies: that stage of
 # scripts/h200_campaign.sh, given the time left (a stage cannot resume; its results file, under
 # stages/ in the archive, marks it done).
-# One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...): the runs that GPU works through in order,
+# One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; see RUNS_PER_GPU): the runs it works through in order,
 # each by scripts/h200_pretrain.sh with the time left in this call. A run resumes from its checkpoint
 # (a warm machine keeps them between calls); one that cannot finish is stopped at the deadline by
 # SIGTERM, which checkpoints its last step; its lm-eval starts only with EVAL_MIN_S (default 200)
@@ -27,6 +27,11 @@
 #   EVAL_MIN_S, KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
 #   QUEUE_DIR     where the runs' files collect (default /tmp/adahop_queue)
 #   MIN_LEFT_S    a GPU starts its next run only with this many seconds left (default 60)
+#   RUNS_PER_GPU  queues that share one GPU (default 1): queue i runs on GPU i / RUNS_PER_GPU. The
+#                 eager quantized runs are bound by the host (README, throughput), so two processes
+#                 on one GPU can fill each other's idle time (each needs ~55 GiB at 125m). Each run's
+#                 results record it (provenance backend_env ADAHOP_RUNS_PER_GPU): their tokens/s are
+#                 not one-GPU rates. Logs stay per queue (gpu<i>.txt: i is the queue).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
@@ -36,6 +41,8 @@ fi
 : "${ADAHOP_GIT_COMMIT:?set ADAHOP_GIT_COMMIT and ADAHOP_GIT_DIRTY: the results are stamped with them}"
 : "${ADAHOP_GIT_DIRTY:?set ADAHOP_GIT_DIRTY (0 or 1)}"
 DEADLINE_S=${DEADLINE_S:-550}
+RUNS_PER_GPU=${RUNS_PER_GPU:-1}
+[[ "$RUNS_PER_GPU" =~ ^[1-9][0-9]*$ ]] || { echo "RUNS_PER_GPU must be a positive integer, got '$RUNS_PER_GPU'" >&2; exit 2; }
 QUEUE_DIR=${QUEUE_DIR:-/tmp/adahop_queue}
 OUT=${OUT:-/tmp/out}
 START=$SECONDS
@@ -58,21 +65,23 @@ mkdir -p "$QUEUE_DIR/out" "$QUEUE_DIR/stages" "$OUT"
 QLOG="$QUEUE_DIR/queue.log"
 note() { echo "=== queue $(date -u +%T) +$((SECONDS - START))s $*" | tee -a "$QLOG"; }
 
-work() {  # GPU index, its queue
-  local gpu=$1 item recipe seed run left
+work() {  # queue index, its items
+  local q=$1 item recipe seed run left
+  local gpu=$((q / RUNS_PER_GPU)) who="gpu $((q / RUNS_PER_GPU))"
+  [ "$RUNS_PER_GPU" -gt 1 ] && who="gpu $gpu queue $q"
   for item in $2; do
     left=$((DEADLINE_S - (SECONDS - START)))
     if [[ "$item" == stage:* ]]; then  # a whole campaign stage, in one go (it cannot resume)
       local stage=${item#stage:}
       [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && continue
       if [ "$left" -lt "${MIN_LEFT_S:-60}" ] || [ "${NO_NEW_RUNS:-0}" = 1 ]; then
-        note "gpu $gpu: ${left}s left, stage $stage waits for the next session"
+        note "$who: ${left}s left, stage $stage waits for the next session"
         break
       fi
-      note "gpu $gpu: stage $stage (${left}s left)"
+      note "$who: stage $stage (${left}s left)"
       CUDA_VISIBLE_DEVICES=$gpu OUT="$QUEUE_DIR/stages" STAGE_TIMEOUT_S=$left \
-        bash scripts/h200_campaign.sh "$stage" >>"$QUEUE_DIR/gpu$gpu.txt" 2>&1
-      note "gpu $gpu: stage $stage rc $? ($( [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && echo wrote \
+        bash scripts/h200_campaign.sh "$stage" >>"$QUEUE_DIR/gpu$q.txt" 2>&1
+      note "$who: stage $stage rc $? ($( [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && echo wrote \
         "${STAGE_FILE[$stage]}" || echo 'no results file'))"
       continue
     fi
@@ -82,24 +91,24 @@ work() {  # GPU index, its queue
       continue
     fi
     if [ "$left" -lt "${MIN_LEFT_S:-60}" ]; then
-      note "gpu $gpu: ${left}s left, $run waits for the next call"
+      note "$who: ${left}s left, $run waits for the next call"
       break
     fi
-    note "gpu $gpu: $run (${left}s left)"
-    CUDA_VISIBLE_DEVICES=$gpu OUT="$QUEUE_DIR/out" DEADLINE_S=$left EVAL_RESERVE_S=0 \
+    note "$who: $run (${left}s left)"
+    CUDA_VISIBLE_DEVICES=$gpu ADAHOP_RUNS_PER_GPU=$RUNS_PER_GPU OUT="$QUEUE_DIR/out" DEADLINE_S=$left EVAL_RESERVE_S=0 \
       EVAL_MIN_S=${EVAL_MIN_S:-200} KILL_AFTER_S=${KILL_AFTER_S:-20} RESUME_ONLY=${NO_NEW_RUNS:-0} \
-      bash scripts/h200_pretrain.sh "$recipe" "$seed" >>"$QUEUE_DIR/gpu$gpu.txt" 2>&1
-    note "gpu $gpu: $run rc $? ($(grep -h '^=== .* \(train\|eval\): rc' "$QUEUE_DIR/out/$run.log" | tail -2 \
+      bash scripts/h200_pretrain.sh "$recipe" "$seed" >>"$QUEUE_DIR/gpu$q.txt" 2>&1
+    note "$who: $run rc $? ($(grep -h '^=== .* \(train\|eval\): rc' "$QUEUE_DIR/out/$run.log" | tail -2 \
       | sed 's/^=== [^ ]* [^ ]* +[0-9]*s //' | tr '\n' ' '))"
   done
 }
 
-note "start: $# GPU queue(s), deadline ${DEADLINE_S}s, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
-gpu=0
+note "start: $# queue(s), $RUNS_PER_GPU per GPU, deadline ${DEADLINE_S}s, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
+q=0
 for queue in "$@"; do
-  touch "$QUEUE_DIR/gpu$gpu.txt"
-  work "$gpu" "$queue" &
-  gpu=$((gpu + 1))
+  touch "$QUEUE_DIR/gpu$q.txt"
+  work "$q" "$queue" &
+  q=$((q + 1))
 done
 wait
 done_runs=$(cd "$QUEUE_DIR/out" && ls -- *.eval.json 2>/dev/null | sed 's/\.eval\.json$//' | tr '\n' ' ')

@@ -177,6 +177,23 @@ def test_queue_works_through_each_gpu_list_and_the_next_call_continues(bundle, t
     assert "evaluated so far: tiny_bf16_s0 tiny_bf16_s1 tiny_mxfp4_s0" in third.stdout
 
 
+def test_queues_may_share_a_gpu_and_their_runs_say_so(bundle, tmp_path):
+    _, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=3), "bf16:0", "bf16:1",
+                      script=QUEUE, RUNS_PER_GPU="2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "2 queue(s), 2 per GPU" in done.stdout
+    assert "gpu 0 queue 0: tiny_bf16_s0" in done.stdout and "gpu 0 queue 1: tiny_bf16_s1" in done.stdout
+    files = archive(tmp_path / "out")
+    for seed in (0, 1):
+        doc = json.loads(files[f"out/tiny_bf16_s{seed}.pretrain.json"])
+        assert doc["provenance"]["backend_env"]["ADAHOP_RUNS_PER_GPU"] == "2"
+    assert {"gpu0.txt", "gpu1.txt"} <= set(files)  # one log per queue
+    bad = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=3), "bf16:0", script=QUEUE,
+                     RUNS_PER_GPU="0")
+    assert bad.returncode == 2 and "RUNS_PER_GPU must be a positive integer" in bad.stderr
+
+
 @pytest.mark.parametrize("item, message", [("bf16-0", "not RECIPE:SEED or stage:NAME: 'bf16-0'"),
                                            ("stage:bogus", "unknown stage in 'stage:bogus'")])
 def test_queue_refuses_a_malformed_item(bundle, tmp_path, item, message):
