@@ -2,7 +2,7 @@
 # strategies its calibration fixes, replayed from the run's settings by experiments/strategies.py
 # (its first calibration_steps steps; the map equals the run's strategies.json, tested). A replay
 # rather than a copy of the run folder, so runs trained on a machine that is gone (the GPU
-# campaign's) get their maps from a one-minute job. Which recipes calibrate: config/schema.yaml.
+# campaign's) get their maps from a short job (about 2 min per 125m seed on an H200). Which recipes calibrate: config/schema.yaml.
 
 with open(Path(workflow.basedir) / "config" / "schema.yaml") as f:
     CALIBRATING = yaml.safe_load(f)["$defs"]["calibrating_recipe"]["enum"]
