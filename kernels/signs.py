@@ -26,7 +26,7 @@ def _lowbias32(x):
     return x ^ (x >> 16)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["mix_lo", "mix_hi"])  # a half equal to 1 would become a constexpr int, with no .to()
 def _signs_kernel(out_ptr, n, mix_lo, mix_hi, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mix = (mix_hi.to(tl.uint32) << 16) | mix_lo.to(tl.uint32)  # two 16-bit halves: no int64 argument
