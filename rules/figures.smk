@@ -44,6 +44,7 @@ FIGURES_NOW = expand(f"{FIGURE_DIR}/{{figure}}.{{ext}}", figure=[f for f in FIGU
 rule figure:
     input:
         script="paper_figs/{figure}.py",
+        common="paper_figs/common.py",  # the shared look and palette: a change redraws every figure
         results=lambda wildcards: results_inputs(
             FIGURE_INPUTS[wildcards.figure], partial=wildcards.figure in PER_RUN_FIGURES
         )(wildcards),

@@ -244,3 +244,11 @@ def test_loss_gap_pairs_each_run_with_bf16_of_the_same_seed_and_step():
     gaps = figure.paired_to_reference(val).sort_values(["seed", "tokens"])
     assert gaps["recipe"].tolist() == ["adahop"] * 3 and gaps["seed"].tolist() == [0, 0, 1]
     assert gaps["gap"].tolist() == pytest.approx([0.1, -0.05, 0.3])
+
+
+def test_every_registry_recipe_has_its_own_colour():
+    from adahop.recipes import RECIPES
+
+    palette = load(ROOT / "paper_figs" / "common.py").recipe_palette()
+    assert set(palette) == set(RECIPES)
+    assert len({tuple(np.round(c, 3)) for c in palette.values()}) == len(RECIPES)
