@@ -16,7 +16,8 @@ on the loss is larger than most recipe gaps. So each row also carries ``paired``
 per-seed differences on the seeds both recipes have, their mean and sd, the 95% confidence
 interval of the mean (Student's t over the seeds: with two or three seeds it is wide, and a
 difference of the same sign on every seed can still be chance), and on how many seeds the recipe
-is lower. Every recipe is paired with bf16, and the method (adahop) with every other recipe.
+is lower. Every recipe is paired with bf16, the method (adahop) with every other recipe, and the
+pairs of :data:`CONTRAST_PAIRS` (what one ingredient alone buys: uniform-iht against mxfp4).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ CORPUS_TASK, BPB = "corpus_ppl", "bits_per_byte"
 REFERENCE = "bf16"
 METHOD = "adahop"
 PAIRED_METRICS = ("final_val_loss", "bits_per_byte")  # lower is better in both
+# (recipe, baseline) pairs beyond bf16 and the method: rotation alone, against no rotation.
+CONTRAST_PAIRS = frozenset({("uniform-iht", "mxfp4")})
 
 
 def _accuracy_metric(metrics: set[str]) -> str | None:
@@ -115,7 +118,7 @@ def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
     for row in rows:
         recipe = row["recipe"]
         others = [k[1] for k in by_key if k[0] == row["model"] and k[1] != recipe]
-        baselines = [b for b in others if b == reference or recipe == METHOD]
+        baselines = [b for b in others if b == reference or recipe == METHOD or (recipe, b) in CONTRAST_PAIRS]
         baselines.sort(key=lambda b: (b != reference, b))
         row["paired"] = {}
         for base in baselines:
@@ -208,7 +211,8 @@ def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
         "(± sd of those differences; then each seed's difference and the 95% confidence interval of the",
         "mean, Student's t over the seeds), and on how many seeds the recipe is lower. With two or three",
         "seeds an interval that holds 0 means the runs cannot tell the two recipes apart.",
-        f"Every recipe against {reference}; {METHOD} against every other recipe.",
+        f"Every recipe against {reference}; {METHOD} against every other recipe; "
+        + "; ".join(f"{a} against {b}" for a, b in sorted(CONTRAST_PAIRS)) + ".",
         "",
         "| model | recipe | baseline | held-out loss: recipe − baseline | lower on | bits per byte: recipe − baseline | lower on |",
         "|---|---|---|---|---|---|---|",

@@ -102,6 +102,15 @@ def test_paired_differences_use_only_the_seeds_both_recipes_have():
     assert list(rows["tseng"]["paired"]) == ["bf16"] and rows["bf16"]["paired"] == {}  # other recipes: bf16 only
 
 
+def test_uniform_rotation_is_paired_with_plain_mxfp4():
+    runs = [pretrain("bf16", 0, 3.0), pretrain("mxfp4", 0, 3.1), pretrain("uniform-iht", 0, 3.08)]
+    rows = {r["recipe"]: r for r in quality_rows(runs, [])}
+    pairs = rows["uniform-iht"]["paired"]
+    assert list(pairs) == ["bf16", "mxfp4"] and list(rows["mxfp4"]["paired"]) == ["bf16"]
+    assert pairs["mxfp4"]["final_val_loss"]["per_seed"] == {"0": pytest.approx(-0.02)}
+    assert pairs["mxfp4"]["final_val_loss"]["lower"] == 1
+
+
 def test_markdown_pairs_by_seed_and_names_the_evaluated_seeds():
     runs = [pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.2), pretrain("adahop", 0, 3.1), pretrain("adahop", 1, 3.12)]
     evals = [score("adahop", 1, "corpus_ppl", "bits_per_byte", 1.0)]
