@@ -27,11 +27,12 @@
 #   EVAL_MIN_S, KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
 #   QUEUE_DIR     where the runs' files collect (default /tmp/adahop_queue)
 #   MIN_LEFT_S    a GPU starts its next run only with this many seconds left (default 60)
-#   RUNS_PER_GPU  queues that share one GPU (default 1): queue i runs on GPU i / RUNS_PER_GPU. The
-#                 eager quantized runs are bound by the host (README, throughput), so two processes
-#                 on one GPU can fill each other's idle time (each needs ~55 GiB at 125m). Each run's
-#                 results record it (provenance backend_env ADAHOP_RUNS_PER_GPU): their tokens/s are
-#                 not one-GPU rates. Logs stay per queue (gpu<i>.txt: i is the queue).
+#   RUNS_PER_GPU  queues that share one GPU (default 1): queue i runs on GPU i / RUNS_PER_GPU. Meant
+#                 to fill the idle GPU time of the host-bound eager runs, but measured slower (session
+#                 6: 152k tokens/s of two runs on one GPU against 191k for one alone, lm-eval 360 s
+#                 instead of ~140 s; without MPS the GPU time-slices the processes). Each run's results
+#                 record it (provenance backend_env ADAHOP_RUNS_PER_GPU): their tokens/s are not
+#                 one-GPU rates. Logs stay per queue (gpu<i>.txt: i is the queue).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 1 ]; then
