@@ -18,9 +18,11 @@ GEMMs in its orientation (DESIGN §1, §3; :data:`GEMM_OPERANDS`):
 
 Decisions (documented here, visible in every record):
 
-* The BF16 strategy is the GEMM of the operands rounded to bfloat16 (bf16 output): the floor a
-  BF16 layer has. Quantized strategies return fp32, so their error is the operands' quantization
-  error only.
+* The BF16 strategy is what the layer runs for it: on ``fwd`` and ``dgrad`` the GEMM of the
+  operands rounded to bfloat16 (bf16 output), the floor a BF16 layer has; on ``wgrad`` grad_output
+  in bfloat16 against X dequantized from its saved plain-MXFP4 copy (X is never kept in BF16;
+  :func:`adahop.linear.slot_specs`), so there it keeps X's quantization error. Quantized strategies
+  return fp32, so their error is the operands' quantization error only.
 * ``wgrad`` OE-left is computed as if X were kept in full precision (``available: false`` in its
   records): the layer cannot run it (X is saved in MXFP4 only), the study shows what it would buy.
 * Judging the table: its options are the quantized strategies the slot can run (``iht``,
@@ -31,7 +33,8 @@ Decisions (documented here, visible in every record):
   the recipe's ``measured_margin``) applied to these options only, i.e. an OE side only where it
   cuts IHT's error by more than the margin. ``table_agrees`` compares the table with it (and
   ``table_agrees_strict`` with the argmin). ``oe_left_gain``/``oe_right_gain`` = 1 − err(OE)/err(IHT).
-  A ``bf16`` pick (col-col) is not judged: BF16 beats every FP4 strategy by construction.
+  A ``bf16`` pick (col-col) is not judged against the FP4 options; ``bf16_gain`` = 1 − err(BF16)/err(IHT)
+  says what it buys (on ``wgrad`` it can be negative: the saved X is plain MXFP4, IHT's is rotated).
 * OE rows ``k`` are the recipe's ``outlier_k`` (64 in the reference), clamped to the operand's
   rows. Where the OE operand's rows are tokens (A of ``fwd`` and ``dgrad``), the capture kept only
   a subsample of them, so ``k`` is scaled by ``kept / tokens seen`` (at least 1): the subsampled
@@ -68,7 +71,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from adahop.capture import Captured, OperandCapture, block_and_kind
-from adahop.linear import Operand, slot_specs, strategy_mm
+from adahop import ops
+from adahop.linear import Operand, quantize, slot_specs, strategy_mm
 from adahop.patterns import PatternDetector
 from adahop.policy import SLOTS, Calibration, Strategy, effective_strategy, pair_key, pattern_pairs
 from adahop.recipes import Recipe
@@ -174,9 +178,12 @@ def gemm_errors(
     shared: dict[tuple, tuple[Operand, Operand]] = {}
     out: dict[Strategy, GemmError] = {}
     for strategy in strategies:
+        spec_a, spec_b = slot_specs(recipe, slot, strategy, call)
         if strategy.quantized:
-            spec_a, spec_b = slot_specs(recipe, slot, strategy, call)
             a, b = shared.setdefault((spec_a, spec_b), (Operand(a_src, spec_a, a_t), Operand(b_src, spec_b, b_t)))
+        elif spec_b is not None:  # wgrad: X only as its saved MXFP4 copy, dequantized as the layer does
+            a = Operand(a_src.bfloat16(), transpose=a_t)
+            b = Operand(ops.dequantize(quantize(b_src, spec_b, b_t), torch.bfloat16))
         else:
             a, b = Operand(a_src.bfloat16(), transpose=a_t), Operand(b_src.bfloat16(), transpose=b_t)
         rows = k_left if strategy is Strategy.IHT_OE_LEFT else k_right
@@ -265,6 +272,7 @@ def layer_records(
             "table_agrees": (picked is cost_aware[slot]) if picked.quantized else None,
             "table_agrees_strict": (picked is lowest_strict) if picked.quantized else None,
             "oe_left_gain": gain(Strategy.IHT_OE_LEFT), "oe_right_gain": gain(Strategy.IHT_OE_RIGHT),
+            "bf16_gain": gain(Strategy.BF16),
             "measured_margin": recipe.measured_margin, "outlier_fraction": outlier_fraction,
             "outlier_k": recipe.outlier_k, "oe_rows_left": min(k_left, m), "oe_rows_right": min(k_right, n),
             "oe_fraction_left": min(k_left, m) / m, "oe_fraction_right": min(k_right, n) / n,
@@ -522,8 +530,8 @@ def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[st
     """Agreement of the table with the cost-aware and the strict lowest-error option, the error
     gap where it disagrees, how ``measured`` compares, mean errors (``mean_error_table`` counts a
     ``bf16`` pick at its BF16 error; ``mean_error_table_fp4`` and ``mean_error_iht_fp4`` leave out the
-    GEMMs the table sends to BF16, so they compare the FP4 choices alone) and the median OE gains
-    over IHT."""
+    GEMMs the table sends to BF16, so they compare the FP4 choices alone), the median OE gains
+    over IHT, and the median BF16 gain over IHT where the table picks BF16."""
     first = [next(iter(i.values())) for i in instances]
     judged = [(i, r) for i, r in zip(instances, first) if r["table_agrees"] is not None]
     agree = [r["table_agrees"] for _, r in judged]
@@ -558,6 +566,8 @@ def _agreement_row(instances: Sequence[dict[str, Mapping[str, Any]]]) -> dict[st
         "iht_beats_mxfp4": statistics.fmean(i["iht"]["rel_error"] < i["mxfp4"]["rel_error"] for i in instances),
         "median_oe_left_gain": _median(r["oe_left_gain"] for r in first),
         "median_oe_right_gain": _median(r["oe_right_gain"] for r in first),
+        "median_bf16_gain_of_bf16_picks": _median(r.get("bf16_gain") for r in first
+                                                   if r["table_pick_effective"] == "bf16"),
     }
 
 
@@ -672,7 +682,7 @@ def markdown_tables(summary: Sequence[Mapping[str, Any]], columns: Mapping[str, 
                       "median_gap_ratio", "measured_differs", "mean_error_table", "mean_error_measured",
                       "mean_error_iht", "mean_error_mxfp4", "mean_error_table_fp4", "mean_error_iht_fp4",
                       "iht_beats_mxfp4", "median_oe_left_gain",
-                      "median_oe_right_gain"),
+                      "median_oe_right_gain", "median_bf16_gain_of_bf16_picks"),
         "pair_agreement": (*GROUP, "gemm", "pair", "n", "table_pick", "agreement", "agreement_strict",
                            "median_gap_ratio", "median_oe_left_gain", "median_oe_right_gain",
                            "lowest_table_options", "measured_picks"),
