@@ -12,7 +12,8 @@ folder with ``<run>.*``) leave, and for every run:
   queue's ``queue.log`` and ``gpu<i>.txt`` from an archive.
 
 A results file already there with other contents is never replaced unless ``--replace`` names the
-run (the old file's provenance is printed first); an identical one is left as it is.
+run; then the old file moves to ``superseded/<run>-<its commit>.json`` in its folder (out of the
+tables' and figures' way, not lost); an identical one is left as it is.
 
 An archive's ``stages/`` (its ``stage:NAME`` items) go to their stage's folder: ``kernels.json`` ->
 ``results/microbench/<profile>/``, ``layers.json`` -> ``results/layer_bench/<profile>/``,
@@ -48,7 +49,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--logs", type=Path, required=True, help="folder for the runs' logs and metrics (e.g. results/logs/<session>)")
     p.add_argument("--profile", default="gpu", help="results/<stage>/<profile>/ (default gpu)")
     p.add_argument("--results-root", type=Path, default=REPO_ROOT / "results", help=argparse.SUPPRESS)
-    p.add_argument("--replace", nargs="*", default=[], metavar="RUN", help="runs whose differing results may be replaced")
+    p.add_argument("--replace", nargs="*", default=[], metavar="RUN", help="runs whose differing results may be replaced (the old ones move to superseded/)")
     p.add_argument("--replace-stages", action="store_true",
                    help="file a stage's new results, keeping the one there as <name>-<its commit>")
     return p.parse_args(argv)
@@ -64,12 +65,12 @@ def run_files(folder: Path) -> dict[str, dict[str, Path]]:
     return runs
 
 
-def file_result(src: Path, dest: Path, replace: str | None, allow: str) -> bool:
+def file_result(src: Path, dest: Path, replace: str | None, allow: str, keep_dir: Path | None = None) -> bool:
     """File the results file ``src`` at ``dest``; False where it is refused (the reason printed).
 
     Refused: a provenance without a clean commit, or a different file at ``dest`` unless
-    ``replace`` is ``"overwrite"`` (replace it) or ``"keep"`` (keep it as ``<stem>-<its commit>.<ext>``
-    first, refused if that name is taken). ``allow``: the flag that permits a replacement.
+    ``replace`` is ``"keep"``: the old file is kept as ``<stem>-<its commit>.<ext>`` beside it (or in
+    ``keep_dir``) first, refused if that name is taken. ``allow``: the flag that permits a replacement.
     """
     prov = read_results(src)["provenance"]  # raises on a file outside the convention
     if prov.get("git_dirty") is not False or not prov.get("git_commit"):
@@ -84,16 +85,15 @@ def file_result(src: Path, dest: Path, replace: str | None, allow: str) -> bool:
         old = read_results(dest)["provenance"]
         commit = str(old.get("git_commit") or "unknown")[:7]
         stem, ext = dest.name.split(".", 1)
-        keep = dest.with_name(f"{stem}-{commit}.{ext}")
-        if replace is None or (replace == "keep" and keep.exists()):
-            why = f"{keep.name} exists too" if replace == "keep" else f"{allow} to file it"
+        keep = (keep_dir or dest.parent) / f"{stem}-{commit}.{ext}"
+        if replace is None or keep.exists():
+            why = f"{keep} exists too" if replace else f"{allow} to file it"
             print(f"refused  {dest}: a different file is there (commit {commit}, {old.get('date')}); {why}")
             return False
-        if replace == "keep":
-            dest.rename(keep)
-            print(f"kept     {keep} (the file it replaces)")
-        else:
-            verb = "replaced"
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        dest.rename(keep)
+        print(f"kept     {keep} (the file it replaces)")
+        verb = "replaced"
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dest)
     print(f"{verb} {dest} (commit {prov['git_commit'][:7]})")
@@ -121,9 +121,9 @@ def ingest(folder: Path, args: argparse.Namespace) -> int:
         for suffix, stage in KINDS.items():
             if suffix not in files:
                 continue
-            replace = "overwrite" if run in args.replace else None
+            replace = "keep" if run in args.replace else None
             dest = args.results_root / stage / args.profile / f"{run}.json"
-            refused += not file_result(files[suffix], dest, replace, f"--replace {run}")
+            refused += not file_result(files[suffix], dest, replace, f"--replace {run}", dest.parent / "superseded")
         if ".log" in files:
             shutil.copyfile(files[".log"], args.logs / f"{run}.log")
         if ".metrics.jsonl" in files:

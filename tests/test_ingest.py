@@ -63,6 +63,10 @@ def test_a_different_result_is_refused_unless_replace_names_the_run(tmp_path, de
     assert dest.read_bytes() == kept and f"--replace {RUN}" in capsys.readouterr().out
     assert ingest(tmp_path, device_files, "--replace", RUN) == 0
     assert read_results(dest)["records"][0]["final_val_loss"] == 9.9
+    # The replaced file is kept out of the folder the tables glob, under its commit.
+    commit = read_results(dest)["provenance"]["git_commit"][:7]
+    assert (dest.parent / "superseded" / f"{RUN}-{commit}.json").read_bytes() == kept
+    assert sorted(p.name for p in dest.parent.glob("*.json")) == [f"{RUN}.json"]
 
 
 def test_a_result_of_a_dirty_tree_is_refused(tmp_path, device_files, capsys):
