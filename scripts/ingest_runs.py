@@ -65,12 +65,12 @@ def run_files(folder: Path) -> dict[str, dict[str, Path]]:
     return runs
 
 
-def file_result(src: Path, dest: Path, replace: str | None, allow: str, keep_dir: Path | None = None) -> bool:
+def file_result(src: Path, dest: Path, replace: bool, allow: str, keep_dir: Path | None = None) -> bool:
     """File the results file ``src`` at ``dest``; False where it is refused (the reason printed).
 
-    Refused: a provenance without a clean commit, or a different file at ``dest`` unless
-    ``replace`` is ``"keep"``: the old file is kept as ``<stem>-<its commit>.<ext>`` beside it (or in
-    ``keep_dir``) first, refused if that name is taken. ``allow``: the flag that permits a replacement.
+    Refused: a provenance without a clean commit, or a different file at ``dest`` unless ``replace``;
+    then the old file is kept as ``<stem>-<its commit>.<ext>`` beside it (or in ``keep_dir``) first,
+    refused if that name is taken. ``allow``: the flag that permits a replacement.
     """
     prov = read_results(src)["provenance"]  # raises on a file outside the convention
     if prov.get("git_dirty") is not False or not prov.get("git_commit"):
@@ -86,7 +86,7 @@ def file_result(src: Path, dest: Path, replace: str | None, allow: str, keep_dir
         commit = str(old.get("git_commit") or "unknown")[:7]
         stem, ext = dest.name.split(".", 1)
         keep = (keep_dir or dest.parent) / f"{stem}-{commit}.{ext}"
-        if replace is None or keep.exists():
+        if not replace or keep.exists():
             why = f"{keep} exists too" if replace else f"{allow} to file it"
             print(f"refused  {dest}: a different file is there (commit {commit}, {old.get('date')}); {why}")
             return False
@@ -102,12 +102,11 @@ def file_result(src: Path, dest: Path, replace: str | None, allow: str, keep_dir
 
 def ingest_stages(folder: Path, args: argparse.Namespace) -> int:
     """File the stage results in ``folder``; the number refused."""
-    replace = "keep" if args.replace_stages else None
     files = [(folder / name, args.results_root / stage / args.profile / name)
              for name, stage in STAGE_FILES.items() if (folder / name).exists()]
     files += [(path, args.results_root / "strategies" / args.profile / path.name.replace(".strategies", ""))
               for path in sorted(folder.glob("*.strategies.json"))]
-    return sum(not file_result(src, dest, replace, "--replace-stages") for src, dest in files)
+    return sum(not file_result(src, dest, args.replace_stages, "--replace-stages") for src, dest in files)
 
 
 def ingest(folder: Path, args: argparse.Namespace) -> int:
@@ -121,9 +120,9 @@ def ingest(folder: Path, args: argparse.Namespace) -> int:
         for suffix, stage in KINDS.items():
             if suffix not in files:
                 continue
-            replace = "keep" if run in args.replace else None
             dest = args.results_root / stage / args.profile / f"{run}.json"
-            refused += not file_result(files[suffix], dest, replace, f"--replace {run}", dest.parent / "superseded")
+            refused += not file_result(files[suffix], dest, run in args.replace, f"--replace {run}",
+                                       dest.parent / "superseded")
         if ".log" in files:
             shutil.copyfile(files[".log"], args.logs / f"{run}.log")
         if ".metrics.jsonl" in files:
