@@ -52,11 +52,13 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
     final_val_loss and ``name`` ``<model>_<recipe>_s<seed>``) and lm-eval records
     (``experiments/evaluate.py``: task, metric, value, model, recipe, seed; training-forward runs only)."""
     loss: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    world: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)  # processes (GPUs) of each run
     for r in pretrain:
         if r.get("final_val_loss") is None:
             continue
         seed = int(str(r["name"]).rsplit("_s", 1)[1])
         loss[(r["model"], r["recipe"])][seed] = float(r["final_val_loss"])
+        world[(r["model"], r["recipe"])][str(seed)] = int(r.get("world_size") or 1)
     # (model, recipe) -> task -> metric -> seed -> value
     scores: dict[tuple[str, str], dict[str, dict[str, dict[int, float]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(dict)))
@@ -92,7 +94,7 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
         common = tasks_of(key) & tasks_of(ref)
         row: dict[str, Any] = {"model": model, "recipe": recipe,
                                "seeds": sorted(set(loss.get(key, {})) | set(bpb(key))), "tasks": sorted(common),
-                               "eval_limit": limit_of.get(model)}
+                               "eval_limit": limit_of.get(model), "world_size": dict(sorted(world[key].items()))}
         for name, mine, theirs in (
             ("final_val_loss", loss.get(key, {}), loss.get(ref, {})),
             ("bits_per_byte", bpb(key), bpb(ref)),
@@ -132,6 +134,11 @@ def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
                     pairs[name] = {"seeds": [int(s) for s in diffs], "per_seed": diffs, "mean": _mean(values),
                                    "sd": _spread(values), "ci95": _ci95(values), "lower": sum(v < 0 for v in values)}
             if pairs:
+                # Seeds whose two runs split the batch over a different number of processes: the
+                # same global batches, but not the same arithmetic (a confound to name).
+                mine_ws, theirs_ws = row.get("world_size", {}), other.get("world_size", {})
+                pairs["world_size_differs"] = sorted(
+                    (int(s) for s in set(mine_ws) & set(theirs_ws) if mine_ws[s] != theirs_ws[s]))
                 row["paired"][base] = pairs
 
 
@@ -184,16 +191,18 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
 
 
 def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
-    table = []
+    table, mixed = [], False
     for r in rows:
         for base, pairs in r.get("paired", {}).items():
-            cells = []
+            cells, differs = [], {str(s) for s in pairs.get("world_size_differs", [])}
+            mixed |= bool(differs)
             for name, digits in (("final_val_loss", 3), ("bits_per_byte", 4)):
                 p = pairs.get(name)
                 if p is None:
                     cells += ["—", "—"]
                     continue
-                each = ", ".join(f"s{s} {_num(v, digits, signed=True)}" for s, v in p["per_seed"].items())
+                each = ", ".join(f"s{s}{'†' if s in differs else ''} {_num(v, digits, signed=True)}"
+                                 for s, v in p["per_seed"].items())
                 ci = (f", 95% CI [{_num(p['ci95'][0], digits, signed=True)}, {_num(p['ci95'][1], digits, signed=True)}]"
                       if p.get("ci95") else "")
                 cells += [_num(p["mean"], digits, signed=True) + (f" ± {_num(p['sd'], digits)}" if p["sd"] is not None
@@ -217,4 +226,6 @@ def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
         "| model | recipe | baseline | held-out loss: recipe − baseline | lower on | bits per byte: recipe − baseline | lower on |",
         "|---|---|---|---|---|---|---|",
         *table,
+        *(["", "† The two runs of this seed ran on different numbers of GPUs (DDP): the same global batches,",
+           "but not the same arithmetic, so that seed's difference also holds the set-up's."] if mixed else []),
     ]

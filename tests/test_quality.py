@@ -117,3 +117,16 @@ def test_markdown_pairs_by_seed_and_names_the_evaluated_seeds():
     text = markdown(quality_rows(runs, evals), [])
     assert "| 125m | adahop | 0, 1 (lm-eval: 1) |" in text
     assert "| 125m | adahop | bf16 | +0.010 ± 0.127 (s0 +0.100, s1 -0.080, 95% CI [-1.134, +1.154]) | 1 of 2 | — | — |" in text
+
+
+def test_a_seed_whose_runs_differ_in_world_size_is_marked():
+    runs = [pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.1), pretrain("adahop", 0, 3.05) | {"world_size": 2},
+            pretrain("adahop", 1, 3.12)]
+    rows = {r["recipe"]: r for r in quality_rows(runs, [])}
+    assert rows["adahop"]["world_size"] == {"0": 2, "1": 1}
+    assert rows["adahop"]["paired"]["bf16"]["world_size_differs"] == [0]
+    md = markdown(list(rows.values()), [])
+    assert "s0† +0.050" in md and "s1 +0.020" in md and "different numbers of GPUs" in md
+    same = {r["recipe"]: r for r in quality_rows([pretrain("bf16", 0, 3.0), pretrain("adahop", 0, 3.05)], [])}
+    assert same["adahop"]["paired"]["bf16"]["world_size_differs"] == []
+    assert "†" not in markdown(list(same.values()), [])
