@@ -114,8 +114,9 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
 
 
 def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
-    """Give each row ``paired``: ``{baseline: {metric: {"seeds", "per_seed", "mean", "sd", "lower"}}}``
-    (recipe − baseline on the seeds both have; ``lower``: how many of those differences are < 0)."""
+    """Give each row ``paired``: ``{baseline: {metric: {"seeds", "per_seed", "mean", "sd", "ci95",
+    "lower"}, "world_size_differs": [seed, ...]}}`` (recipe − baseline on the seeds both have;
+    ``lower``: how many of those differences are < 0)."""
     by_key = {(r["model"], r["recipe"]): r for r in rows}
     for row in rows:
         recipe = row["recipe"]
@@ -136,7 +137,7 @@ def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
             if pairs:
                 # Seeds whose two runs split the batch over a different number of processes: the
                 # same global batches, but not the same arithmetic (a confound to name).
-                mine_ws, theirs_ws = row.get("world_size", {}), other.get("world_size", {})
+                mine_ws, theirs_ws = row["world_size"], other["world_size"]
                 pairs["world_size_differs"] = sorted(
                     (int(s) for s in set(mine_ws) & set(theirs_ws) if mine_ws[s] != theirs_ws[s]))
                 row["paired"][base] = pairs
@@ -194,7 +195,7 @@ def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
     table, mixed = [], False
     for r in rows:
         for base, pairs in r.get("paired", {}).items():
-            cells, differs = [], {str(s) for s in pairs.get("world_size_differs", [])}
+            cells, differs = [], {str(s) for s in pairs["world_size_differs"]}
             mixed |= bool(differs)
             for name, digits in (("final_val_loss", 3), ("bits_per_byte", 4)):
                 p = pairs.get(name)

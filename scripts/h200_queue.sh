@@ -68,7 +68,8 @@ note() { echo "=== queue $(date -u +%T) +$((SECONDS - START))s $*" | tee -a "$QL
 
 work() {  # queue index, its items
   local q=$1 item recipe seed run left
-  local gpu=$((q / RUNS_PER_GPU)) who="gpu $((q / RUNS_PER_GPU))"
+  local gpu=$((q / RUNS_PER_GPU))
+  local who="gpu $gpu"
   [ "$RUNS_PER_GPU" -gt 1 ] && who="gpu $gpu queue $q"
   for item in $2; do
     left=$((DEADLINE_S - (SECONDS - START)))
