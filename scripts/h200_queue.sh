@@ -23,7 +23,7 @@
 #   DEADLINE_S    seconds from the start by which every run has stopped (default 550, for a 600 s call:
 #                 room for a stopped run's checkpoint and the archive)
 #   NO_NEW_RUNS=1 only continue runs that have a checkpoint (the session's last call: a run started
-#                 then is lost when the machine goes back)
+#                 then is lost when the machine goes back); stages still start (see STAGE_MIN_S)
 #   EVAL_MIN_S, KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
 #   QUEUE_DIR     where the runs' files collect (default /tmp/adahop_queue)
 #   MIN_LEFT_S    a GPU starts its next run only with this many seconds left (default 60)
@@ -50,6 +50,11 @@ START=$SECONDS
 # A campaign stage an item may name, and the results file that marks it done.
 declare -A STAGE_FILE=([microbench]=kernels.json [layers]=layers.json [memory]=memory.json [patterns]=patterns.json.gz
   [strategies]=strategies.done)
+# The seconds a stage needs to finish: what it took on the H200 (results/logs/h200-2026-11-30*: microbench
+# 137 s, layers 193 s, patterns 416 s, strategies 353 s) with a margin. A stage that cannot resume is
+# not started with less, so it does not burn the GPU's time only to be cut off; it may start in a
+# NO_NEW_RUNS call, since it leaves nothing behind for the next one.
+declare -A STAGE_MIN_S=([microbench]=180 [layers]=240 [memory]=120 [patterns]=480 [strategies]=420)
 for queue in "$@"; do
   for item in $queue; do
     if [[ "$item" =~ ^stage:(.*)$ ]]; then
@@ -76,8 +81,8 @@ work() {  # queue index, its items
     if [[ "$item" == stage:* ]]; then  # a whole campaign stage, in one go (it cannot resume)
       local stage=${item#stage:}
       [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && continue
-      if [ "$left" -lt "${MIN_LEFT_S:-60}" ] || [ "${NO_NEW_RUNS:-0}" = 1 ]; then
-        note "$who: ${left}s left, stage $stage waits for the next session"
+      if [ "$left" -lt "${STAGE_MIN_S[$stage]}" ]; then
+        note "$who: ${left}s left, stage $stage needs ${STAGE_MIN_S[$stage]}s: it waits for the next call"
         break
       fi
       note "$who: stage $stage (${left}s left)"

@@ -212,12 +212,12 @@ def test_queue_skips_a_stage_whose_results_file_is_there(bundle, tmp_path):
     assert archive(tmp_path / "out")["stages/layers.json"] == b"{}"
 
 
-def test_queue_last_call_starts_no_new_run_or_stage(bundle, tmp_path):
+def test_queue_last_call_starts_no_new_run_nor_a_stage_it_has_no_time_for(bundle, tmp_path):
     _, bundle_dir = bundle
     done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16:0 stage:layers",
-                      script=QUEUE, NO_NEW_RUNS="1")
+                      script=QUEUE, NO_NEW_RUNS="1", DEADLINE_S="200")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "gpu 0: tiny_bf16_s0 rc 3" in done.stdout  # h200_pretrain.sh's RESUME_ONLY stop: no checkpoint
-    assert "stage layers waits for the next session" in done.stdout
+    assert "stage layers needs 240s: it waits for the next call" in done.stdout
     files = archive(tmp_path / "out")
     assert not any(name.endswith(".json") for name in files) and not (tmp_path / "runs").exists()
