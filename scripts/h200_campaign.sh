@@ -36,6 +36,13 @@ for s in "$@"; do
       timeout "${STAGE_TIMEOUT_S:-300}" python3 experiments/microbench.py --config config/gpu.yaml --out "$OUT/kernels.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     layers)
       stage layers
+      # The layer's peer on Hopper is torchao's float8 rowwise training; without it the records lose that
+      # column silently (the 2026-11-30 session-7 run, which did not carry .whl). Refuse instead.
+      if ! python3 -c 'import torchao' 2>/dev/null; then
+        echo "layers: torchao is not importable: carry .whl (torchao's wheel, scripts/fetch_device_wheels.sh) or install it" \
+          | tee -a "$LOG"
+        exit 3
+      fi
       timeout "${STAGE_TIMEOUT_S:-280}" python3 experiments/layer_bench.py --config config/gpu.yaml --out "$OUT/layers.json" 2>&1 | tail -8 | tee -a "$LOG" ;;
     memory)
       stage memory

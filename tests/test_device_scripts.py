@@ -221,3 +221,13 @@ def test_queue_last_call_starts_no_new_run_nor_a_stage_it_has_no_time_for(bundle
     assert "stage layers needs 240s: it waits for the next call" in done.stdout
     files = archive(tmp_path / "out")
     assert not any(name.endswith(".json") for name in files) and not (tmp_path / "runs").exists()
+
+
+def test_campaign_layers_stage_refuses_to_run_without_torchao(tmp_path):
+    """Without torchao the layer records would lose their float8 peer silently: the stage stops first."""
+    if subprocess.run([sys.executable, "-c", "import torchao"], capture_output=True).returncode == 0:
+        pytest.skip("torchao is importable here")
+    done = run_script(tmp_path, tmp_path, tmp_path / "unused.yaml", "layers", script=REPO / "scripts" / "h200_campaign.sh")
+    assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "torchao is not importable: carry .whl" in done.stdout
+    assert not (tmp_path / "out" / "layers.json").exists()
