@@ -46,7 +46,8 @@ def layer_frame(layers: pd.DataFrame) -> pd.DataFrame:
     rows = []
     several = layers["tokens"].nunique() > 1
     for r in layers.itertuples():
-        layer = f"{int(r.in_features)}→{int(r.out_features)}" + (f"\n×{tokens_label(int(r.tokens))}" if several else "")
+        # in and out on lines of their own: eight side-by-side "14336→4096" labels overlap at this width
+        layer = f"{int(r.in_features)}\n→{int(r.out_features)}" + (f"\n×{tokens_label(int(r.tokens))}" if several else "")
         base = r.peers["nn.Linear-bf16"]
         rows.append({"layer": layer, "series": r.variant, "value": r.figure / base})
         rows.extend({"layer": layer, "series": f"{name} (peer)", "value": v / base}
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
         frame = layer_frame(layers)
         sns.barplot(data=frame, x="layer", y="value", hue="series", ax=ax)
         ax.axhline(1, color="black", linestyle="--", linewidth=1, label="nn.Linear bf16")
-        below(ax, "layer variant", -0.2 if layers["tokens"].nunique() > 1 else -0.1)  # under 1 or 2 label lines
+        below(ax, "layer variant", -0.27 if layers["tokens"].nunique() > 1 else -0.2)  # under 2 or 3 label lines
         scale(ax, "y", [*frame["value"], 1.0])
         tokens = sorted({int(t) for t in layers["tokens"]})
         ax.set_title(f"linear layer fwd+bwd, {', '.join(map(tokens_label, tokens))} tokens")
