@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 
@@ -128,13 +128,17 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         raise
 
 
-def table_script_args(doc: str, results_help: str, argv: list[str] | None = None) -> argparse.Namespace:
+def table_script_args(doc: str, results_help: str, argv: list[str] | None = None,
+                      add_arguments: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
     """The command line of a script that derives a table from results files, as the workflow calls
     it: ``--out STEM`` (it writes ``STEM.md`` and ``STEM.json``), ``--config`` (accepted, unused)
-    and the results files. ``doc``: the script's docstring (its first paragraph is the description)."""
+    and the results files. ``doc``: the script's docstring (its first paragraph is the description);
+    ``add_arguments`` adds the script's own options."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="output stem: writes <out>.md and <out>.json")
     p.add_argument("--config", help="profile YAML (unused: accepted as every stage script is called)")
+    if add_arguments is not None:
+        add_arguments(p)
     p.add_argument("results", type=Path, nargs="+", help=results_help)
     return p.parse_args(argv)
 

@@ -18,6 +18,10 @@ interval of the mean (Student's t over the seeds: with two or three seeds it is 
 difference of the same sign on every seed can still be chance), and on how many seeds the recipe
 is lower. Every recipe is paired with bf16, the method (adahop) with every other recipe, and the
 pairs of :data:`CONTRAST_PAIRS` (what one ingredient alone buys: uniform-iht against mxfp4).
+
+Given the runs the profile plans (``planned``), :func:`progress` says which of them the table
+stands on so far, which are trained but not evaluated and which are missing, so a campaign under
+way cannot read as complete.
 """
 
 from __future__ import annotations
@@ -159,8 +163,42 @@ def _num(x: float | None, digits: int = 3, signed: bool = False) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
-def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str = REFERENCE) -> str:
-    """The rows as a Markdown table, with what each column means."""
+def run_name(model: str, recipe: str, seed: int | str) -> str:
+    """A run's name as the workflow and ``experiments/pretrain.py`` spell it."""
+    return f"{model}_{recipe}_s{seed}"
+
+
+def progress(planned: Iterable[str], pretrain: Iterable[Mapping[str, Any]],
+             evals: Iterable[Mapping[str, Any]]) -> dict[str, list[str]]:
+    """Of the ``planned`` run names: ``evaluated`` (a pretraining and an lm-eval record),
+    ``trained_only`` (no lm-eval yet), ``evaluated_only`` (lm-eval without its pretraining record)
+    and ``missing`` (neither); ``unplanned``: runs in the records the plan does not list."""
+    planned = list(dict.fromkeys(planned))
+    trained = {str(r["name"]) for r in pretrain if r.get("final_val_loss") is not None}
+    evaluated = {run_name(r["model"], r["recipe"], r["seed"]) for r in evals if r.get("value") is not None}
+    out: dict[str, list[str]] = {"evaluated": [], "trained_only": [], "evaluated_only": [], "missing": []}
+    for run in planned:
+        key = {(True, True): "evaluated", (True, False): "trained_only",
+               (False, True): "evaluated_only", (False, False): "missing"}[(run in trained, run in evaluated)]
+        out[key].append(run)
+    out["unplanned"] = sorted((trained | evaluated) - set(planned))
+    return out
+
+
+def _progress_markdown(state: dict[str, list[str]]) -> list[str]:
+    n = sum(len(state[k]) for k in ("evaluated", "trained_only", "evaluated_only", "missing"))
+    lines = ["", "## Progress against the profile's plan", "",
+             f"{len(state['evaluated'])} of the {n} planned runs are trained and evaluated."]
+    for key, what in (("trained_only", "Trained, no lm-eval yet"), ("evaluated_only", "lm-eval without a pretraining record"),
+                      ("missing", "Not run yet"), ("unplanned", "In the results but not in the plan")):
+        if state[key]:
+            lines.append(f"{what} ({len(state[key])}): " + ", ".join(f"`{r}`" for r in state[key]) + ".")
+    return lines
+
+
+def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str = REFERENCE,
+             progress_state: dict[str, list[str]] | None = None) -> str:
+    """The rows as a Markdown table, with what each column means (and the plan's progress, if given)."""
     gap, ref_sd = "gap_to_" + reference, reference + "_sd"
     lines = [
         "# Quality gap to bf16",
@@ -187,6 +225,8 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
         tasks = f"{len(r['tasks'])}" + (f" (first {r['eval_limit']} documents)" if r.get("eval_limit") is not None else "")
         lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {tasks} |")
     lines += _paired_markdown(rows, reference)
+    if progress_state is not None:
+        lines += _progress_markdown(progress_state)
     lines += ["", "Sources:", *[f"- `{s}`" for s in sources], ""]
     return "\n".join(lines)
 

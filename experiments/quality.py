@@ -6,7 +6,9 @@
 Pretraining results (records with ``final_val_loss``) and lm-eval results (records with ``task``)
 may come in any order and number: a campaign under way gives the runs done so far. The JSON
 follows the results convention (its provenance lists each source file's commit); both files are
-regenerated on every call (they derive from the sources alone). See :mod:`adahop.quality`.
+regenerated on every call (they derive from the sources alone). With ``--planned RUN,RUN,...``
+(the workflow passes the profile's runs) the table ends with the plan's progress: which runs are
+evaluated, trained only, or not run yet. See :mod:`adahop.quality`.
 """
 
 from __future__ import annotations
@@ -14,11 +16,15 @@ from __future__ import annotations
 import sys
 
 from adahop.provenance import atomic_write_text, read_results, table_script_args, write_results
-from adahop.quality import markdown, quality_rows
+from adahop.quality import markdown, progress, quality_rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = table_script_args(__doc__, "pretraining and lm-eval results files", argv)
+    def planned_option(p):
+        p.add_argument("--planned", type=lambda s: [r for r in s.split(",") if r],
+                       help="comma-separated run names the profile plans (<model>_<recipe>_s<seed>)")
+
+    args = table_script_args(__doc__, "pretraining and lm-eval results files", argv, planned_option)
     pretrain, evals, commits = [], [], {}
     for path in args.results:
         doc = read_results(path)
@@ -35,9 +41,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"quality: no pretraining or lm-eval records in {len(args.results)} file(s)", file=sys.stderr)
         return 1
     sources = [str(p) for p in args.results]
-    write_results(args.out.with_suffix(".json"), rows, config={"sources": sources}, overwrite=True,
+    state = progress(args.planned, pretrain, evals) if args.planned is not None else None
+    config = {"sources": sources} | ({"planned": args.planned, "progress": state} if state is not None else {})
+    write_results(args.out.with_suffix(".json"), rows, config=config, overwrite=True,
                   extra_provenance={"source_commits": commits})
-    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, sources))
+    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, sources, progress_state=state))
     print(f"quality: {len(rows)} rows -> {args.out}.md, {args.out}.json")
     return 0
 

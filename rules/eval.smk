@@ -49,5 +49,6 @@ rule quality_table:
     log:
         log_path("quality_table"),
     shell:
-        # Each recipe's gap to bf16 in held-out loss, bits per byte and mean accuracy (adahop.quality).
-        script_cmd("{input.script}", f"--out results/quality/{PROFILE}/quality {{input.results}}")
+        # Each recipe's gap to bf16 in held-out loss, bits per byte and mean accuracy (adahop.quality),
+        # and which of the profile's runs it stands on so far.
+        script_cmd("{input.script}", f"--out results/quality/{PROFILE}/quality --planned {','.join(RUNS)} {{input.results}}")

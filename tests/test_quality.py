@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from adahop.provenance import read_results
-from adahop.quality import markdown, quality_rows
+from adahop.quality import markdown, progress, quality_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -130,3 +130,29 @@ def test_a_seed_whose_runs_differ_in_world_size_is_marked():
     same = {r["recipe"]: r for r in quality_rows([pretrain("bf16", 0, 3.0), pretrain("adahop", 0, 3.05)], [])}
     assert same["adahop"]["paired"]["bf16"]["world_size_differs"] == []
     assert "†" not in markdown(list(same.values()), [])
+
+
+def test_progress_sorts_the_planned_runs_by_what_they_have():
+    planned = ["125m_bf16_s0", "125m_bf16_s1", "125m_tseng_s0", "125m_tseng_s1"]
+    runs = [pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.1), pretrain("mxfp4", 0, 3.2)]
+    evals = [score("bf16", 0, "corpus_ppl", "bits_per_byte", 1.1), score("tseng", 0, "piqa", "acc", 0.5),
+             score("tseng", 1, "piqa", "acc", None)]  # a task without a value is no evaluation
+    state = progress(planned, runs, evals)
+    assert state == {"evaluated": ["125m_bf16_s0"], "trained_only": ["125m_bf16_s1"],
+                     "evaluated_only": ["125m_tseng_s0"], "missing": ["125m_tseng_s1"], "unplanned": ["125m_mxfp4_s0"]}
+    text = markdown(quality_rows(runs, evals), ["a.json"], progress_state=state)
+    assert "1 of the 4 planned runs are trained and evaluated." in text
+    assert "Not run yet (1): `125m_tseng_s1`." in text and "Trained, no lm-eval yet (1): `125m_bf16_s1`." in text
+    assert "## Progress" not in markdown(quality_rows(runs, evals), ["a.json"])
+
+
+def test_script_writes_the_plan_and_its_progress(tmp_path):
+    spec = importlib.util.spec_from_file_location("quality", REPO / "experiments" / "quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    files = [str(REPO / "results" / "pretrain" / "gpu" / "125m_bf16_s0.json")]
+    assert module.main(["--out", str(tmp_path / "q"), "--planned", "125m_bf16_s0,125m_bf16_s9", *files]) == 0
+    config = read_results(tmp_path / "q.json")["provenance"]["config"]
+    assert config["planned"] == ["125m_bf16_s0", "125m_bf16_s9"]
+    assert config["progress"]["trained_only"] == ["125m_bf16_s0"] and config["progress"]["missing"] == ["125m_bf16_s9"]
+    assert "Not run yet (1): `125m_bf16_s9`." in (tmp_path / "q.md").read_text()
