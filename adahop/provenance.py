@@ -1,7 +1,8 @@
 """Results files: one convention for every stage.
 
 Every result is a JSON object ``{"provenance": {...}, "records": [...]}``. The provenance holds
-the git commit and dirty flag, library versions, the device, the resolved config, the seed and
+the git commit and dirty flag (of the code: machine-written results and figures do not count),
+library versions, the device, the resolved config, the seed and
 the date. Writes are atomic (temp file + rename), and a rerun never silently replaces a file
 written for a different configuration: that needs ``overwrite=True``.
 
@@ -67,14 +68,23 @@ def device_description(device: torch.device | str | None = None) -> dict[str, An
     return {"type": device.type, "name": platform.processor() or platform.machine(), "cores": os.cpu_count()}
 
 
+# Machine-written outputs: not the code a result depends on. Snakemake deletes a job's tracked
+# outputs before it runs (and parallel jobs' outputs are absent or half-written meanwhile), so
+# counting them would mark every regenerated table dirty; the inputs a table reads carry their own
+# provenance (e.g. ``source_commits``).
+GENERATED_PATHS = ("results", "paper_figs/out")
+
+
 def git_state() -> tuple[str | None, bool | None]:
-    """``(commit, dirty)`` of the code running. A copy of the tree sent to a GPU machine is told
+    """``(commit, dirty)`` of the code running: dirty when a tracked file outside
+    :data:`GENERATED_PATHS` differs from the commit. A copy of the tree sent to a GPU machine is told
     them through the environment (ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY), and that wins over git: such
     a copy can carry a stale .git (one from before the commits it holds)."""
     commit = os.environ.get("ADAHOP_GIT_COMMIT") or _git("rev-parse", "HEAD")
     dirty = _env_flag("ADAHOP_GIT_DIRTY")
     if dirty is None:
-        status = _git("status", "--porcelain", "--untracked-files=no")
+        status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                      *(f":(exclude){p}" for p in GENERATED_PATHS))
         dirty = bool(status) if status is not None else None
     return commit, dirty
 

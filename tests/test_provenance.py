@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import subprocess
 
 import pytest
 
@@ -124,3 +125,22 @@ def test_truncated_json_gz_is_refused(tmp_path):
     with pytest.raises(ResultsConflict, match="not a results file"):
         write_results(path, [{"v": 1}], config={})
     assert path.read_bytes() == cut
+
+
+def test_dirty_means_the_code_not_the_results_it_writes(tmp_path, monkeypatch):
+    # Snakemake deletes a job's tracked outputs before running it: that must not mark the job's results dirty.
+    monkeypatch.delenv("ADAHOP_GIT_COMMIT", raising=False)
+    monkeypatch.delenv("ADAHOP_GIT_DIRTY", raising=False)
+    repo = tmp_path / "repo"
+    for name in ("adahop/m.py", "results/q/t.json", "paper_figs/out/f.png"):
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text("x\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "c"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    monkeypatch.setattr(provenance_module, "REPO_ROOT", repo)
+    (repo / "results/q/t.json").unlink()
+    (repo / "paper_figs/out/f.png").write_text("y\n")
+    assert provenance_module.git_state()[1] is False
+    (repo / "adahop/m.py").write_text("changed\n")
+    assert provenance_module.git_state()[1] is True
