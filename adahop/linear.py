@@ -17,7 +17,8 @@ dW = dYᵀ·X) each run one :class:`~adahop.policy.Strategy` through :func:`stra
 Saved for backward (counted by :class:`SavedTensorMeter`): X quantized along tokens (Xᵀ, the
 ``wgrad`` operand) and W quantized along ``out`` (Wᵀ, the ``dgrad`` operand), codes + scales only,
 4.25 bits per value; plus ``(k, ·)`` BF16 outlier slices for OE-right, W as the forward got it (the
-parameter, or autocast's bf16 cast) when ``dgrad`` is ``bf16`` or OE-left, and during ``measured``
+parameter, or autocast's bf16 cast) when ``dgrad`` is ``bf16`` or OE-left, X as it came (in place
+of its MXFP4 copy) when ``wgrad`` is ``bf16`` under ``recipe.bf16_wgrad_input = "bf16"``, and during ``measured``
 calibration a BF16 sample of ``measure_tokens`` rows of X. With ``recipe.weight_for_backward =
 "param"`` nothing of W is saved: the backward quantizes it again from the parameter (one more read
 of W; the same values, since the draw's seed is the forward's). Sibling layers reading one input
@@ -231,12 +232,13 @@ def slot_specs(
 ) -> tuple[QuantSpec | None, QuantSpec | None]:
     """Quantization of A and Bᵀ for ``slot`` under ``strategy``; ``call`` seeds the draws.
 
-    A ``bf16`` ``wgrad`` still quantizes X (plain MXFP4): that is the copy the forward saves.
+    A ``bf16`` ``wgrad`` still quantizes X (plain MXFP4): that is the copy the forward saves, unless
+    the recipe's ``bf16_wgrad_input`` is ``"bf16"`` (X saved as it is).
     """
     code = SLOT_CODES[slot]
     b_rounding = "rne" if slot == "fwd" else recipe.saved_rounding
     if not strategy.quantized:
-        if slot != "wgrad":
+        if slot != "wgrad" or recipe.bf16_wgrad_input == "bf16":
             return None, None
         return None, QuantSpec(False, b_rounding, derive_seed(*call, code, RIGHT), None, recipe.hadamard_size)
     a_rounding = "rne" if slot == "fwd" else recipe.grad_rounding
@@ -402,9 +404,11 @@ class QuantLinearFunction(torch.autograd.Function):
         # with weight_for_backward="param" the backward takes it from the parameter instead.
         needs_w = s["dgrad"] in (Strategy.BF16, Strategy.IHT_OE_LEFT) or measuring
         w_full = w if needs_w and plan.weight is None else None
+        # A BF16 wgrad without a spec for X (bf16_wgrad_input="bf16") reads X as it is.
+        x_full = x if s["wgrad"] is Strategy.BF16 and keep_x is None else None
         x_sample = x[plan.sample_idx] if measuring else None
         ctx.save_for_backward(
-            *_mx_fields(xq_t), *_mx_fields(wq_t), w_full, *x_out, *w_out, plan.sample_idx, x_sample
+            *_mx_fields(xq_t), *_mx_fields(wq_t), w_full, x_full, *x_out, *w_out, plan.sample_idx, x_sample
         )
         ctx.plan, ctx.w_dtype, ctx.device_type = plan, w.dtype, x.device.type
         ctx.has_bias = bias is not None
@@ -415,7 +419,7 @@ class QuantLinearFunction(torch.autograd.Function):
         plan = ctx.plan
         s, k = plan.strategies, plan.k
         shared_input.clear()  # the forward is over: its last input need not outlive it
-        xc, xs, wc, ws, w_full, xo_idx, xo_rows, wo_idx, wo_rows, sample_idx, x_sample = ctx.saved_tensors
+        xc, xs, wc, ws, w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, sample_idx, x_sample = ctx.saved_tensors
         g = gy.contiguous()
         if plan.weight is not None:  # weight_for_backward="param": W again, in the forward's dtype
             w_full = plan.weight.detach().to(ctx.w_dtype)
@@ -431,10 +435,13 @@ class QuantLinearFunction(torch.autograd.Function):
                             outliers=_pair(wo_idx, wo_rows))
                 dx = strategy_mm(s["dgrad"], a, b, k=k, out_dtype=g.dtype, emit_fp8=plan.emit_fp8)
             if ctx.needs_input_grad[1]:
-                xq_t = _mx(xc, xs)
-                x_src = ops.dequantize(xq_t, g.dtype) if s["wgrad"] is Strategy.BF16 else None
                 a = Operand(g, transpose=True, q=gq_t)
-                b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
+                if x_full is not None:  # (tokens, in), read along tokens
+                    b = Operand(x_full, transpose=True)
+                else:
+                    xq_t = _mx(xc, xs)
+                    x_src = ops.dequantize(xq_t, g.dtype) if s["wgrad"] is Strategy.BF16 else None
+                    b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
                 dw = strategy_mm(s["wgrad"], a, b, k=k, out_dtype=ctx.w_dtype, emit_fp8=plan.emit_fp8)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = g.sum(0, dtype=torch.float32).to(g.dtype)

@@ -24,10 +24,15 @@ recipe              fwd / dgrad / wgrad        notes
                                                (col-col), every GEMM in FP4
 ``adahop-recal``    table policy               ``adahop`` that recalibrates every 250 steps, keeping its
                                                current strategies while it observes
+``adahop-exact-bf16`` table policy             ``adahop`` whose BF16 wgrad fallback is exact: those layers
+                                               save X in BF16, not MXFP4 (beyond the paper)
 ==================  =========================  ======================================================
 
 The two ablations separate what ``adahop`` adds over ``uniform-iht``: the outlier-extraction picks
-and the BF16 fallback (each ablation keeps one of the two).
+and the BF16 fallback (each ablation keeps one of the two). The paper's fallback runs against X as
+the forward saved it, in MXFP4 (DESIGN §1), so it keeps X's quantization error; ``adahop-exact-bf16``
+asks what the fallback would buy at full precision, at the cost of a BF16 copy of X in each such
+layer (``bf16_wgrad_input``).
 
 Rounding: the forward operands always round to nearest (ties to even). ``grad_rounding`` applies
 to grad_output in both backward GEMMs; ``saved_rounding`` to the copies of X (along tokens) and W
@@ -69,6 +74,9 @@ class Recipe:
     weight_for_backward: ``"mxfp4"`` (DESIGN §1: W quantized along ``out`` in the forward and saved,
         4.25 bits per weight per layer in flight) or ``"param"`` (nothing of W saved; the backward
         re-quantizes it from the parameter: less memory, one more read of W).
+    bf16_wgrad_input: X as a ``bf16`` wgrad reads it: ``"mxfp4"`` (DESIGN §1: the plain-MXFP4 copy
+        the forward saves, dequantized) or ``"bf16"`` (the forward saves X in BF16 instead, 16 bits
+        per value where it saved 4.25, and the GEMM is exact up to BF16 rounding).
     """
 
     name: str
@@ -91,6 +99,7 @@ class Recipe:
     measured_margin: float = 0.1
     weight_for_backward: str = "mxfp4"
     recalibration_interval: int = 0
+    bf16_wgrad_input: str = "mxfp4"
 
     def __post_init__(self) -> None:
         fixed = [getattr(self, s) for s in SLOTS]
@@ -116,6 +125,9 @@ class Recipe:
         if self.weight_for_backward not in ("mxfp4", "param"):
             raise ValueError(f"recipe {self.name!r}: weight_for_backward must be 'mxfp4' or 'param', "
                              f"got {self.weight_for_backward!r}")
+        if self.bf16_wgrad_input not in ("mxfp4", "bf16"):
+            raise ValueError(f"recipe {self.name!r}: bf16_wgrad_input must be 'mxfp4' or 'bf16', "
+                             f"got {self.bf16_wgrad_input!r}")
         if not 0.0 <= self.measured_margin < 1.0:
             raise ValueError(f"recipe {self.name!r}: measured_margin must be in [0, 1), got {self.measured_margin}")
         if self.recalibration_interval < 0:
@@ -203,6 +215,8 @@ RECIPES: dict[str, Recipe] = {
                 "table", _reference_table_with_iht_for("bf16")),
         _policy("adahop-recal", "AdaHOP recalibrating every 250 steps (30 steps of votes under its current strategies)",
                 "table", recalibration_interval=250),
+        _policy("adahop-exact-bf16", "AdaHOP whose BF16 wgrad fallback reads X saved in BF16 (exact, more memory)",
+                "table", bf16_wgrad_input="bf16"),
     )
 }
 

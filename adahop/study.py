@@ -20,8 +20,9 @@ Decisions (documented here, visible in every record):
 
 * The BF16 strategy is what the layer runs for it: on ``fwd`` and ``dgrad`` the GEMM of the
   operands rounded to bfloat16 (bf16 output), the floor a BF16 layer has; on ``wgrad`` grad_output
-  in bfloat16 against X dequantized from its saved plain-MXFP4 copy (X is never kept in BF16;
-  :func:`adahop.linear.slot_specs`), so there it keeps X's quantization error. Quantized strategies
+  in bfloat16 against X dequantized from its saved plain-MXFP4 copy (:func:`adahop.linear.slot_specs`),
+  so there it keeps X's quantization error; under a recipe whose ``bf16_wgrad_input`` is ``"bf16"``
+  (``adahop-exact-bf16``) against X in bfloat16, as that layer saves it. Quantized strategies
   return fp32, so their error is the operands' quantization error only.
 * ``wgrad`` OE-left is computed as if X were kept in full precision (``available: false`` in its
   records): the layer cannot run it (X is saved in MXFP4 only), the study shows what it would buy.

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 import adahop
+from adahop.linear import SavedTensorMeter
 from adahop.patterns import PatternDetector, planted_outliers
 from adahop.policy import REFERENCE_TABLE, Strategy
 from adahop.recipes import RECIPES, Recipe, get_recipe, recipe_from_dict
@@ -46,6 +47,8 @@ FLOORS = {
     "adahop-no-oe": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.28, 0.14)},
     "adahop-no-bf16": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.19)},
     "adahop-recal": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
+    # wgrad col-col in BF16 against X saved as it came (fp32 here): exact on the planted outliers
+    "adahop-exact-bf16": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 1e-6)},
 }
 
 
@@ -139,7 +142,7 @@ def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
 
 def test_registry_entries():
     assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured",
-                            "adahop-no-oe", "adahop-no-bf16", "adahop-recal"}
+                            "adahop-no-oe", "adahop-no-bf16", "adahop-recal", "adahop-exact-bf16"}
     tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]
     assert tseng.fwd is Strategy.BF16 and quartet.fwd is Strategy.IHT
     for r in (tseng, quartet):
@@ -154,6 +157,9 @@ def test_registry_entries():
     recal = RECIPES["adahop-recal"]
     assert recal.recalibration_interval == 250 and recal.table == REFERENCE_TABLE and recal.calibration_steps == 30
     assert all(RECIPES[n].recalibration_interval == 0 for n in RECIPES if n != "adahop-recal")
+    exact = RECIPES["adahop-exact-bf16"]
+    assert exact.bf16_wgrad_input == "bf16" and exact.table == REFERENCE_TABLE and exact.calibration_steps == 30
+    assert all(RECIPES[n].bf16_wgrad_input == "mxfp4" for n in RECIPES if n != "adahop-exact-bf16")
     # The ablations: the reference table with IHT in the OE cells (no-oe) or in the BF16 cell (no-bf16).
     ref = REFERENCE_TABLE.to_dict()
     for name, dropped in (("adahop-no-oe", {"iht+oe-left", "iht+oe-right"}), ("adahop-no-bf16", {"bf16"})):
@@ -208,3 +214,27 @@ def test_to_dict_round_trip(name):
     r = get_recipe(name, seed=7)
     assert recipe_from_dict(r.to_dict()) == r
     assert isinstance(r, Recipe) and dataclasses.is_dataclass(r)
+
+
+def test_exact_bf16_fallback_saves_x_as_it_came_instead_of_its_mxfp4_copy():
+    """adahop's BF16 wgrad reads X from its saved MXFP4 copy (X's error stays); adahop-exact-bf16
+    saves X itself for that GEMM: dW exact, at 32 bits per value of X here (fp32) against 4.25."""
+    x, g = make_data("outliers")
+    saved, dw_error = {}, {}
+    for name in ("adahop", "adahop-exact-bf16"):
+        errors, layer = run_recipe(name, "outliers")
+        assert layer.strategies["wgrad"] is Strategy.BF16
+        dw_error[name] = errors["dw"]
+        with SavedTensorMeter(layer) as meter:
+            layer(x.clone().requires_grad_())
+        saved[name] = {shape: dtype for shape, dtype, is_param in meter.tensors if not is_param}
+    assert dw_error["adahop"] > 0.05 and dw_error["adahop-exact-bf16"] < 1e-6
+    tokens = BATCH * SEQ
+    assert saved["adahop-exact-bf16"].get((tokens, IN)) == torch.float32
+    assert (tokens, IN) not in saved["adahop"] and (IN, tokens // 2) in saved["adahop"]  # packed E2M1 codes of Xᵀ
+    assert (IN, tokens // 2) not in saved["adahop-exact-bf16"]
+
+
+def test_bf16_wgrad_input_is_checked():
+    with pytest.raises(ValueError, match="bf16_wgrad_input must be 'mxfp4' or 'bf16', got 'fp8'"):
+        get_recipe("adahop", bf16_wgrad_input="fp8")

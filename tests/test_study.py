@@ -188,6 +188,19 @@ def test_wgrad_bf16_error_is_what_the_layer_computes(planted):
     assert abs(wgrad["bf16"]["bf16_gain"]) < 0.1
 
 
+def test_wgrad_bf16_error_follows_the_recipes_bf16_wgrad_input(planted):
+    """Under adahop-exact-bf16 the layer saves X as it came for a BF16 wgrad, and the study scores
+    that: the error of the BF16 product, near 0, and a gain over IHT near 1."""
+    x, w, g, _, recs = planted
+    exact = study.layer_records("model.layers.0.mlp.up_proj", Captured(x, w, g, 256),
+                                get_recipe("adahop-exact-bf16", outlier_k=8), (0, 0, 1, 0),
+                                {"source": "train", "model": "planted", "recipe": "mxfp4", "step": 1})
+    bf16 = {name: next(r for r in rs if r["kind"] == "gemm" and r["gemm"] == "wgrad" and r["strategy"] == "bf16")
+            for name, rs in (("adahop", recs), ("exact", exact))}
+    assert bf16["exact"]["rel_error"] < 0.01 < 0.05 < bf16["adahop"]["rel_error"]
+    assert bf16["exact"]["bf16_gain"] > 0.9
+
+
 def test_cost_aware_lowest_keeps_iht_when_oe_gains_little():
     """No outliers, 8 OE rows of 256/128: OE trims a few per cent of IHT's error, below the 10%
     margin, so the table's IHT pick for none-none agrees, while the strict argmin is an OE."""

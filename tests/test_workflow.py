@@ -85,6 +85,14 @@ def test_lint_has_no_warnings_that_matter(workflow):
     assert [t for t in titles if t not in ACCEPTED_LINTS] == []
 
 
+def planned_runs(name: str) -> int:
+    """The pretraining runs profile ``name`` plans: models × (recipes × seeds + ablations)."""
+    runs = profile(name)["pretrain"]
+    ablations = runs.get("ablations", {"recipes": [], "seeds": []})
+    return len(runs["models"]) * (len(runs["recipes"]) * len(runs["seeds"])
+                                  + len(ablations["recipes"]) * len(ablations["seeds"]))
+
+
 @needs_all_scripts
 @pytest.mark.parametrize("name", PROFILES)
 def test_dry_run_resolves_every_stage(workflow, name):
@@ -93,9 +101,7 @@ def test_dry_run_resolves_every_stage(workflow, name):
     assert "Using workflow specific profile profiles/default" in out.output
     counts = job_counts(out.output)
     runs = profile(name)["pretrain"]
-    ablations = runs.get("ablations", {"recipes": [], "seeds": []})
-    n_runs = len(runs["models"]) * (len(runs["recipes"]) * len(runs["seeds"])
-                                    + len(ablations["recipes"]) * len(ablations["seeds"]))
+    n_runs = planned_runs(name)
     calibrating = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["$defs"]["calibrating_recipe"]["enum"]
     n_calibrating = len(runs["models"]) * sum(r in calibrating for r in runs["recipes"]) * len(runs["seeds"])
     assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": 8,
@@ -315,7 +321,7 @@ def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(wor
     out = snakemake(workflow, "-n", *targets, "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode == 0, out.output[-3000:]
     assert job_counts(out.output) == {"figure": 2, "eval_table": 1, "quality_table": 1}
-    assert "2 of 24 runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
+    assert f"2 of {planned_runs('gpu')} runs' results are there" in out.output and "results/pretrain/gpu/125m_mxfp4_s0.json" in out.output
     # `all` still wants every run
     out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0 and "results_from: committed, but" in out.output
