@@ -3,8 +3,9 @@
     python scripts/ingest_runs.py /work/.device/7/queue.tar.gz --logs results/logs/<session> [--profile gpu]
     python scripts/ingest_runs.py /work/.device/3 --logs results/logs/<session>      # a folder of files
 
-Reads what scripts/h200_queue.sh (an archive with ``out/<run>.*``) or scripts/h200_pretrain.sh (a
-folder with ``<run>.*``) leave, and for every run:
+Reads what scripts/h200_queue.sh (an archive with ``out/<run>.*`` and ``stages/``),
+scripts/h200_pretrain.sh (a folder with ``<run>.*``) or scripts/h200_campaign.sh (a folder of stage
+results) leave, and for every run:
 
 * ``<run>.pretrain.json`` -> ``results/pretrain/<profile>/<run>.json``,
   ``<run>.eval.json`` -> ``results/eval/<profile>/<run>.json``;
@@ -15,14 +16,18 @@ A results file already there with other contents is never replaced unless ``--re
 run; then the old file moves to ``superseded/<run>-<its commit>.json`` in its folder (out of the
 tables' and figures' way, not lost); an identical one is left as it is.
 
-An archive's ``stages/`` (its ``stage:NAME`` items) go to their stage's folder: ``kernels.json`` ->
+Stage results (an archive's ``stages/``, from its ``stage:NAME`` items, or a folder's own files) go
+to their stage's folder: ``kernels.json`` ->
 ``results/microbench/<profile>/``, ``layers.json`` -> ``results/layer_bench/<profile>/``,
 ``memory.json`` -> ``results/memory/<profile>/``, ``patterns.json.gz`` -> ``results/patterns/<profile>/``,
 ``<run>.strategies.json`` -> ``results/strategies/<profile>/<run>.json``.
 A different file already there is kept as ``<name>-<its commit>`` beside the new one, with
 ``--replace-stages`` only. Every results
 file must carry a provenance with a clean commit (``git_dirty`` false), else it is refused. Then
-``results/eval/<profile>/table.md`` and ``.csv`` are regenerated. Prints one line per file.
+``results/eval/<profile>/table.md`` and ``.csv`` are regenerated. Logs (``queue.log``,
+``gpu<i>.txt``, ``campaign.log``) replace a log of that name only when they extend it (the queue's
+grow over a session's calls); another is filed beside it as ``<stem>-2`` (``-3``, ...). Prints one
+line per file.
 """
 
 from __future__ import annotations
@@ -39,13 +44,14 @@ from adahop.eval import write_table
 from adahop.provenance import REPO_ROOT, read_results
 
 KINDS = {".pretrain.json": "pretrain", ".eval.json": "eval"}
+NOT_RUNS = {"campaign", "queue"}  # <name>.log files of the queue and the campaign, not of a run
 STAGE_FILES = {"kernels.json": "microbench", "layers.json": "layer_bench", "memory.json": "memory",
                "patterns.json.gz": "patterns"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("source", type=Path, help="queue.tar.gz from scripts/h200_queue.sh, or a folder of run files")
+    p.add_argument("source", type=Path, help="queue.tar.gz from scripts/h200_queue.sh, or a folder of run or stage files")
     p.add_argument("--logs", type=Path, required=True, help="folder for the runs' logs and metrics (e.g. results/logs/<session>)")
     p.add_argument("--profile", default="gpu", help="results/<stage>/<profile>/ (default gpu)")
     p.add_argument("--results-root", type=Path, default=REPO_ROOT / "results", help=argparse.SUPPRESS)
@@ -60,9 +66,28 @@ def run_files(folder: Path) -> dict[str, dict[str, Path]]:
     runs: dict[str, dict[str, Path]] = {}
     for path in sorted(folder.iterdir()):
         for suffix in (*KINDS, ".log", ".metrics.jsonl"):
-            if path.name.endswith(suffix):
+            if path.name.endswith(suffix) and path.name[: -len(suffix)] not in NOT_RUNS:
                 runs.setdefault(path.name[: -len(suffix)], {})[suffix] = path
     return runs
+
+
+def stage_files(folder: Path, args: argparse.Namespace) -> list[tuple[Path, Path]]:
+    """``(source, destination)`` of the stage results in ``folder``."""
+    files = [(folder / name, args.results_root / stage / args.profile / name)
+             for name, stage in STAGE_FILES.items() if (folder / name).exists()]
+    return files + [(path, args.results_root / "strategies" / args.profile / path.name.replace(".strategies", ""))
+                    for path in sorted(folder.glob("*.strategies.json"))]
+
+
+def copy_log(src: Path, logs: Path) -> None:
+    """Copy ``src`` into ``logs``, replacing a same-named log only where ``src`` extends it."""
+    dest, n = logs / src.name, 1
+    while dest.exists() and not src.read_bytes().startswith(dest.read_bytes()):
+        n += 1
+        stem, _, ext = src.name.partition(".")
+        dest = logs / f"{stem}-{n}.{ext}"
+    shutil.copyfile(src, dest)
+    print(f"logs     {src.name} -> {dest}")
 
 
 def file_result(src: Path, dest: Path, replace: bool, allow: str, keep_dir: Path | None = None) -> bool:
@@ -100,20 +125,13 @@ def file_result(src: Path, dest: Path, replace: bool, allow: str, keep_dir: Path
     return True
 
 
-def ingest_stages(folder: Path, args: argparse.Namespace) -> int:
-    """File the stage results in ``folder``; the number refused."""
-    files = [(folder / name, args.results_root / stage / args.profile / name)
-             for name, stage in STAGE_FILES.items() if (folder / name).exists()]
-    files += [(path, args.results_root / "strategies" / args.profile / path.name.replace(".strategies", ""))
-              for path in sorted(folder.glob("*.strategies.json"))]
+def ingest_stages(files: list[tuple[Path, Path]], args: argparse.Namespace) -> int:
+    """File the stage results ``files``; the number refused."""
     return sum(not file_result(src, dest, args.replace_stages, "--replace-stages") for src, dest in files)
 
 
 def ingest(folder: Path, args: argparse.Namespace) -> int:
     runs = run_files(folder)
-    if not runs:
-        print(f"ingest: no run files in {args.source}", file=sys.stderr)
-        return 1
     refused = 0
     args.logs.mkdir(parents=True, exist_ok=True)
     for run, files in runs.items():
@@ -136,25 +154,31 @@ def ingest(folder: Path, args: argparse.Namespace) -> int:
     return 1 if refused else 0
 
 
+def ingest_tree(root: Path, args: argparse.Namespace) -> int:
+    """File the runs (``root/out`` or ``root``), the stage results (``root/stages`` or ``root``) and
+    the logs of a folder or an unpacked archive; 1 if anything was refused or nothing was there."""
+    runs_dir = root / "out" if (root / "out").is_dir() else root
+    stages_dir = root / "stages" if (root / "stages").is_dir() else root
+    stages = stage_files(stages_dir, args)
+    if not run_files(runs_dir) and not stages:
+        print(f"ingest: no run or stage results files in {args.source}", file=sys.stderr)
+        return 1
+    status = ingest(runs_dir, args) if run_files(runs_dir) else 0
+    if stages:
+        status = max(status, 1 if ingest_stages(stages, args) else 0)
+    args.logs.mkdir(parents=True, exist_ok=True)
+    for path in sorted({*root.glob("queue.log"), *root.glob("gpu*.txt"), *stages_dir.glob("campaign.log")}):
+        copy_log(path, args.logs)
+    return status
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.source.is_dir():
-        return ingest(args.source, args)
+        return ingest_tree(args.source, args)
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(args.source) as tar:
         tar.extractall(tmp, filter="data")
-        root = Path(tmp)
-        runs_dir, stages_dir = (root / "out" if (root / "out").is_dir() else root), root / "stages"
-        status = 0
-        if run_files(runs_dir) or not stages_dir.is_dir():
-            status = ingest(runs_dir, args)
-        if stages_dir.is_dir():
-            status = max(status, 1 if ingest_stages(stages_dir, args) else 0)
-        # The queue's own logs (cumulative over the session's calls: a later archive's supersede).
-        args.logs.mkdir(parents=True, exist_ok=True)
-        for path in sorted([*root.glob("queue.log"), *root.glob("gpu*.txt"), *stages_dir.glob("campaign.log")]):
-            shutil.copyfile(path, args.logs / path.name)
-            print(f"logs     {path.name} -> {args.logs}")
-        return status
+        return ingest_tree(Path(tmp), args)
 
 
 if __name__ == "__main__":

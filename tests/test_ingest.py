@@ -128,3 +128,30 @@ def test_strategy_maps_of_an_archive_land_per_run(tmp_path):
     dest = tmp_path / "results" / "strategies" / "gpu" / "125m_adahop_s1.json"
     assert read_results(dest)["records"] == doc["records"]
     assert sorted(p.name for p in dest.parent.iterdir()) == ["125m_adahop_s1.json"]
+
+
+def test_a_campaign_folder_of_stage_results_and_its_log(tmp_path):
+    """scripts/h200_campaign.sh leaves stage files and campaign.log in $OUT: no run, no 'campaign' run."""
+    folder = tmp_path / "campaign"
+    folder.mkdir()
+    shutil.copy(REPO / "results" / "layer_bench" / "gpu" / "layers.json", folder / "layers.json")
+    (folder / "campaign.log").write_text("=== layers 23:18:26\n")
+    assert ingest(tmp_path, folder) == 0
+    assert (tmp_path / "results" / "layer_bench" / "gpu" / "layers.json").exists()
+    assert not (tmp_path / "results" / "pretrain").exists()
+    assert (tmp_path / "logs" / "campaign.log").read_text() == "=== layers 23:18:26\n"
+
+
+def test_a_log_replaces_one_it_extends_and_files_beside_any_other(tmp_path):
+    logs, src = tmp_path / "logs", tmp_path / "campaign.log"
+    logs.mkdir()
+    (logs / "campaign.log").write_text("=== patterns\n")
+    src.write_text("=== patterns\n=== layers\n")  # the same machine's log, grown: it supersedes
+    load_script().copy_log(src, logs)
+    assert (logs / "campaign.log").read_text() == "=== patterns\n=== layers\n"
+    src.write_text("=== microbench\n")  # another call's: both kept
+    load_script().copy_log(src, logs)
+    assert (logs / "campaign.log").read_text() == "=== patterns\n=== layers\n"
+    assert (logs / "campaign-2.log").read_text() == "=== microbench\n"
+    load_script().copy_log(src, logs)  # the same again: nothing new
+    assert sorted(p.name for p in logs.iterdir()) == ["campaign-2.log", "campaign.log"]
