@@ -1,0 +1,109 @@
+"""The pretraining runs a profile still lacks, spread over GPUs as scripts/h200_queue.sh arguments.
+
+    python scripts/plan_queue.py [--config config/gpu.yaml] [--gpus 2] [--seconds 1600] [--stages memory,...]
+
+Reads the profile's plan (models × recipes × seeds, plus ``pretrain.ablations``) and the committed
+results under ``results/{pretrain,eval}/<profile>/``; a run lacking either is to be run again from
+the start (a device session keeps no checkpoint for the next). Each run's time is estimated from
+the committed runs of its recipe: the training tokens over their median tokens/s, times
+``--overhead`` (start-up, held-out evaluations, checkpoints: 1.25 measured on the H200), plus
+``--eval-s`` for lm-eval; a recipe without runs takes the median over the quantized recipes. Main
+runs go first, then ablations, each to the GPU with the least work so far (stages first, at
+``--stage-s`` each). Prints one queue string per GPU (the h200_queue.sh arguments), its estimated
+seconds, and the runs that would not fit ``--seconds`` per GPU (the next session's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from adahop.provenance import REPO_ROOT, read_results
+from adahop.quality import progress, run_name
+
+STAGE_S = {"microbench": 140, "layers": 120, "memory": 120, "patterns": 420, "strategies": 360}
+
+
+def planned(pretrain: dict) -> list[tuple[str, bool]]:
+    """``(run, is_ablation)`` for every run of the profile's plan, main runs first."""
+    ablations = pretrain.get("ablations") or {"recipes": [], "seeds": []}
+    main = [run_name(m, r, s) for m in pretrain["models"] for r in pretrain["recipes"] for s in pretrain["seeds"]]
+    extra = [run_name(m, r, s) for m in pretrain["models"] for r in ablations["recipes"] for s in ablations["seeds"]]
+    return [(r, False) for r in main] + [(r, True) for r in extra]
+
+
+def load(folder: Path) -> list[dict]:
+    return [rec for path in sorted(folder.glob("*.json")) for rec in read_results(path)["records"]]
+
+
+def run_seconds(pretrain_records: list[dict], tokens: int, overhead: float, eval_s: float) -> dict[str, float]:
+    """Estimated seconds of one run (train and lm-eval) per recipe with committed runs, and ``*``
+    for the others (the median over the quantized recipes)."""
+    rates: dict[str, list[float]] = {}
+    for r in pretrain_records:
+        if r.get("tokens_per_s"):
+            rates.setdefault(r["recipe"], []).append(float(r["tokens_per_s"]))
+    out = {recipe: tokens / statistics.median(v) * overhead + eval_s for recipe, v in rates.items()}
+    quantized = [s for recipe, s in out.items() if recipe != "bf16"]
+    out["*"] = statistics.median(quantized) if quantized else tokens / 2e5 * overhead + eval_s
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", type=Path, default=REPO_ROOT / "config" / "gpu.yaml")
+    p.add_argument("--gpus", type=int, default=2)
+    p.add_argument("--seconds", type=float, default=1600, help="GPU seconds per GPU this session (default 1600: "
+                   "three 550 s calls less the machine's start)")
+    p.add_argument("--stages", default="", help="comma-separated h200_queue.sh stages to run first")
+    p.add_argument("--overhead", type=float, default=1.25)
+    p.add_argument("--eval-s", type=float, default=150)
+    p.add_argument("--stage-s", type=float, default=None, help="seconds per stage (default: measured, per stage)")
+    args = p.parse_args(argv)
+    if args.gpus < 1:
+        p.error("--gpus must be >= 1")
+    profile = yaml.safe_load(args.config.read_text())
+    pretrain, name = profile["pretrain"], profile.get("profile", args.config.stem)
+    stages = [s for s in args.stages.split(",") if s]
+    unknown = sorted(set(stages) - set(STAGE_S))
+    if unknown:
+        p.error(f"unknown stages {unknown}; known: {sorted(STAGE_S)}")
+    records = {stage: load(REPO_ROOT / "results" / stage / name) for stage in ("pretrain", "eval")}
+    plan = planned(pretrain)
+    state = progress([r for r, _ in plan], records["pretrain"], records["eval"])
+    todo = [(run, ablation) for run, ablation in plan if run not in state["evaluated"]]
+    tokens = pretrain["steps"] * pretrain["batch_size"] * pretrain["seq_len"]
+    seconds = run_seconds(records["pretrain"], tokens, args.overhead, args.eval_s)
+
+    queues: list[list[str]] = [[] for _ in range(args.gpus)]
+    load_s = [0.0] * args.gpus
+    later: list[str] = []
+    for stage in stages:
+        i = load_s.index(min(load_s))
+        queues[i].append(f"stage:{stage}")
+        load_s[i] += args.stage_s if args.stage_s is not None else STAGE_S[stage]
+    for run, _ in todo:
+        recipe = run.split("_", 1)[1].rsplit("_s", 1)[0]
+        need = seconds.get(recipe, seconds["*"])
+        i = load_s.index(min(load_s))
+        if load_s[i] + need > args.seconds:
+            later.append(run)
+            continue
+        queues[i].append(f"{recipe}:{run.rsplit('_s', 1)[1]}")
+        load_s[i] += need
+    print(f"{len(state['evaluated'])} of {len(plan)} planned runs are evaluated; {len(todo)} to run "
+          f"({sum(a for _, a in todo)} ablations)")
+    for i, (q, s) in enumerate(zip(queues, load_s)):
+        print(f"gpu {i}: ~{s:.0f} s: \"{' '.join(q)}\"")
+    print("bash scripts/h200_queue.sh " + " ".join(f'"{" ".join(q)}"' for q in queues))
+    if later:
+        print(f"do not fit {args.seconds:.0f} s per GPU ({len(later)}): {' '.join(later)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

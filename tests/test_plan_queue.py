@@ -1,0 +1,50 @@
+"""scripts/plan_queue.py: the gpu profile's runs not yet evaluated, spread over GPUs for h200_queue.sh."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("plan_queue", REPO / "scripts" / "plan_queue.py")
+plan_queue = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plan_queue)
+
+
+def queued(out: str) -> list[str]:
+    """The RECIPE:SEED items of the printed per-GPU queues."""
+    return [item for q in re.findall(r'^gpu \d+: ~\d+ s: "(.*)"$', out, re.M) for item in q.split()]
+
+
+def test_every_run_not_evaluated_is_queued_once_and_no_other(capsys):
+    assert plan_queue.main(["--gpus", "2", "--seconds", "1e9", "--stages", "memory"]) == 0
+    out = capsys.readouterr().out
+    profile = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())
+    runs = [r for r, _ in plan_queue.planned(profile["pretrain"])]
+    evaluated = {p.stem for p in (REPO / "results" / "eval" / "gpu").glob("125m_*.json")} & {
+        p.stem for p in (REPO / "results" / "pretrain" / "gpu").glob("125m_*.json")}
+    want = [f"{r.split('_', 1)[1].rsplit('_s', 1)[0]}:{r.rsplit('_s', 1)[1]}" for r in runs if r not in evaluated]
+    items = queued(out)
+    assert items.count("stage:memory") == 1
+    assert sorted(i for i in items if not i.startswith("stage:")) == sorted(want)
+    assert "do not fit" not in out
+
+
+def test_what_does_not_fit_is_listed_for_the_next_session(capsys):
+    assert plan_queue.main(["--gpus", "1", "--seconds", "0"]) == 0
+    out = capsys.readouterr().out
+    assert [i for i in queued(out) if not i.startswith("stage:")] == []
+    assert "do not fit 0 s per GPU" in out
+
+
+def test_main_runs_come_before_ablations():
+    plan = plan_queue.planned({"models": ["m"], "recipes": ["a", "b"], "seeds": [0, 1],
+                               "ablations": {"recipes": ["c"], "seeds": [0]}})
+    assert plan == [("m_a_s0", False), ("m_a_s1", False), ("m_b_s0", False), ("m_b_s1", False), ("m_c_s0", True)]
+
+
+def test_unknown_stage_is_refused():
+    with pytest.raises(SystemExit):
+        plan_queue.main(["--stages", "bogus"])
