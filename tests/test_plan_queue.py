@@ -48,3 +48,9 @@ def test_main_runs_come_before_ablations():
 def test_unknown_stage_is_refused():
     with pytest.raises(SystemExit):
         plan_queue.main(["--stages", "bogus"])
+
+
+def test_stages_are_the_queues_stages():
+    script = (REPO / "scripts" / "h200_queue.sh").read_text()
+    declared = re.search(r"declare -A STAGE_FILE=\((.*?)\)\n", script, re.S).group(1)
+    assert set(re.findall(r"\[(\w+)\]=", declared)) == set(plan_queue.STAGE_S)
