@@ -231,3 +231,15 @@ def test_campaign_layers_stage_refuses_to_run_without_torchao(tmp_path):
     assert done.returncode == 3, done.stdout[-3000:] + done.stderr[-3000:]
     assert "torchao is not importable: carry .whl" in done.stdout
     assert not (tmp_path / "out" / "layers.json").exists()
+
+
+def test_queue_last_call_still_starts_a_stage_it_has_time_for(bundle, tmp_path):
+    """A stage leaves nothing behind for a next call, so NO_NEW_RUNS does not hold it back. (Here the
+    layers stage stops at once for want of torchao, which keeps the test short.)"""
+    if subprocess.run([sys.executable, "-c", "import torchao"], capture_output=True).returncode == 0:
+        pytest.skip("torchao is importable here: the stage would run the whole layer benchmark")
+    _, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "stage:layers",
+                      script=QUEUE, NO_NEW_RUNS="1", DEADLINE_S="550")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu 0: stage layers (" in done.stdout and "stage layers rc 3 (no results file)" in done.stdout
