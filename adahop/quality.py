@@ -19,6 +19,10 @@ difference of the same sign on every seed can still be chance), and on how many 
 is lower. Every recipe is paired with bf16, the method (adahop) with every other recipe, and the
 pairs of :data:`CONTRAST_PAIRS` (what one ingredient alone buys: uniform-iht against mxfp4).
 
+Each row also carries ``gap_curve``: at every held-out evaluation, the recipe's held-out loss minus
+the reference's on the same seed and step (:func:`paired_gap_points`), its mean, min and max over
+the seeds both have: when the gap opens (figure 3 draws the same points).
+
 Given the runs the profile plans (``planned``), :func:`progress` says which of them the table
 stands on so far, which are trained but not evaluated and which are missing, so a campaign under
 way cannot read as complete.
@@ -50,17 +54,52 @@ def _mean(values: list[float]) -> float | None:
     return statistics.fmean(values) if values else None
 
 
+def run_seed(record: Mapping[str, Any]) -> int:
+    """The seed of a pretraining record, from its ``name`` ``<model>_<recipe>_s<seed>``."""
+    return int(str(record["name"]).rsplit("_s", 1)[1])
+
+
+def paired_gap_points(pretrain: Iterable[Mapping[str, Any]], reference: str = REFERENCE) -> list[dict[str, Any]]:
+    """For every recipe but ``reference`` and every held-out evaluation of a run (``val_curve``):
+    its loss minus the ``reference`` run's of the same model and seed at the same step (a seed fixes
+    initial weights and data order for every recipe). Rows ``{model, recipe, seed, tokens, gap}``;
+    points the reference run lacks are left out."""
+    val: dict[tuple[str, str, int], dict[int, float]] = {}
+    for r in pretrain:
+        for p in r.get("val_curve") or []:
+            if p.get("val_loss") is not None:
+                val.setdefault((r["model"], r["recipe"], run_seed(r)), {})[int(p["step"]) * int(r["tokens_per_step"])] = \
+                    float(p["val_loss"])
+    rows = []
+    for (model, recipe, seed), points in sorted(val.items()):
+        ref = val.get((model, reference, seed), {})
+        if recipe != reference:
+            rows += [{"model": model, "recipe": recipe, "seed": seed, "tokens": t, "gap": v - ref[t]}
+                     for t, v in sorted(points.items()) if t in ref]
+    return rows
+
+
+def _gap_curve(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per token count: mean, min and max of the gap over the seeds that have it."""
+    by_tokens: dict[int, list[float]] = defaultdict(list)
+    for p in points:
+        by_tokens[p["tokens"]].append(p["gap"])
+    return [{"tokens": t, "seeds": len(g), "mean": statistics.fmean(g), "min": min(g), "max": max(g)}
+            for t, g in sorted(by_tokens.items())]
+
+
 def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[str, Any]],
                  reference: str = REFERENCE) -> list[dict[str, Any]]:
     """Rows of the gap table from pretraining records (``experiments/pretrain.py``: model, recipe,
     final_val_loss and ``name`` ``<model>_<recipe>_s<seed>``) and lm-eval records
     (``experiments/evaluate.py``: task, metric, value, model, recipe, seed; training-forward runs only)."""
+    pretrain = list(pretrain)
     loss: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     world: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)  # processes (GPUs) of each run
     for r in pretrain:
         if r.get("final_val_loss") is None:
             continue
-        seed = int(str(r["name"]).rsplit("_s", 1)[1])
+        seed = run_seed(r)
         loss[(r["model"], r["recipe"])][seed] = float(r["final_val_loss"])
         world[(r["model"], r["recipe"])][str(seed)] = int(r.get("world_size") or 1)
     # (model, recipe) -> task -> metric -> seed -> value
@@ -91,6 +130,7 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
     def tasks_of(key) -> set[str]:
         return {t for t, ms in scores.get(key, {}).items() if t != CORPUS_TASK and _accuracy_metric(set(ms))}
 
+    gap_points = paired_gap_points(pretrain, reference)
     rows = []
     keys = sorted(set(loss) | set(scores), key=lambda k: (k[0], k[1] != reference, k[1]))
     for model, recipe in keys:
@@ -112,6 +152,7 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
                 "gap_to_" + reference: (m - r) if m is not None and r is not None and recipe != reference else None,
                 reference + "_sd": _spread(list(theirs.values())),
             }
+        row["gap_curve"] = _gap_curve([p for p in gap_points if (p["model"], p["recipe"]) == key])
         rows.append(row)
     _add_paired(rows, reference)
     return rows
@@ -185,6 +226,35 @@ def progress(planned: Iterable[str], pretrain: Iterable[Mapping[str, Any]],
     return out
 
 
+def _gap_curve_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:
+    """One table per model: held-out loss − reference at each evaluation (mean over shared seeds)."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        curves = {r["recipe"]: {p["tokens"]: p for p in r.get("gap_curve", [])} for r in rows
+                  if r["model"] == model and r.get("gap_curve")}
+        if not curves:
+            continue
+        tokens = sorted({t for c in curves.values() for t in c})
+        lines += ["", f"## {model}: held-out loss − {reference} over training", "",
+                  f"Each cell: the mean over the seeds both runs have of the recipe's held-out loss minus {reference}'s",
+                  "on the same seed at the same step (figure 3, third panel); in brackets how many seeds where fewer",
+                  "than the recipe's most.", "",
+                  "| tokens | " + " | ".join(curves) + " |", "|---|" + "---|" * len(curves)]
+        most = {recipe: max(p["seeds"] for p in c.values()) for recipe, c in curves.items()}
+        for t in tokens:
+            cells = []
+            for recipe, c in curves.items():
+                p = c.get(t)
+                cells.append("" if p is None else _num(p["mean"], 3, signed=True)
+                             + (f" ({p['seeds']})" if p["seeds"] < most[recipe] else ""))
+            lines.append(f"| {_tokens(t)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def _tokens(n: int) -> str:
+    return f"{n / 1e6:.1f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else str(n)
+
+
 def _progress_markdown(state: dict[str, list[str]]) -> list[str]:
     n = sum(len(state[k]) for k in ("evaluated", "trained_only", "evaluated_only", "missing"))
     lines = ["", "## Progress against the profile's plan", "",
@@ -225,6 +295,7 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
         tasks = f"{len(r['tasks'])}" + (f" (first {r['eval_limit']} documents)" if r.get("eval_limit") is not None else "")
         lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {tasks} |")
     lines += _paired_markdown(rows, reference)
+    lines += _gap_curve_markdown(rows, reference)
     if progress_state is not None:
         lines += _progress_markdown(progress_state)
     lines += ["", "Sources:", *[f"- `{s}`" for s in sources], ""]

@@ -16,6 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 import common
+from adahop.quality import paired_gap_points
 
 
 def curves(runs: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
@@ -27,16 +28,6 @@ def curves(runs: pd.DataFrame, column: str, value: str) -> pd.DataFrame:
         if p.get(value) is not None
     ]
     return pd.DataFrame(rows, columns=["model", "recipe", "seed", "tokens", value])
-
-
-def paired_to_reference(val: pd.DataFrame, reference: str = "bf16") -> pd.DataFrame:
-    """Held-out loss minus the ``reference`` run's of the same model and seed at the same token
-    count (a seed fixes initial weights and data order for every recipe), for every other recipe:
-    columns model, recipe, seed, tokens, gap. Points without a reference point are left out."""
-    ref = val[val["recipe"] == reference][["model", "seed", "tokens", "val_loss"]]
-    other = val[val["recipe"] != reference]
-    both = other.merge(ref, on=["model", "seed", "tokens"], suffixes=("", "_ref"))
-    return both.assign(gap=both["val_loss"] - both["val_loss_ref"])[["model", "recipe", "seed", "tokens", "gap"]]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -53,7 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     scale, unit = (1e6, "M") if train["tokens"].max() >= 1e6 else (1e3, "k")
 
     common.style()
-    gaps = paired_to_reference(val)
+    # held-out loss minus bf16's on the same seed and step: the points of results/quality's gap_curve
+    gaps = pd.DataFrame(paired_gap_points(runs.to_dict("records")), columns=["model", "recipe", "seed", "tokens", "gap"])
     fig, axes = plt.subplots(len(models), 4, figsize=(17, 3.8 * len(models)), squeeze=False,
                              gridspec_kw={"width_ratios": [1.2, 1.2, 1.2, 1]})
     for row, model in zip(axes, models):

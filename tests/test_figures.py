@@ -234,18 +234,6 @@ def test_figure_script_refuses_a_file_that_is_not_a_results_file(work, profile):
         run_main(ROOT / "paper_figs" / "fig5_memory.py", "--out", work / "out" / "bad", bad)
 
 
-def test_loss_gap_pairs_each_run_with_bf16_of_the_same_seed_and_step():
-    figure = load(ROOT / "paper_figs" / "fig3_loss.py")
-    rows = [("bf16", 0, 100, 3.0), ("bf16", 0, 200, 2.5), ("bf16", 1, 100, 3.2),
-            ("adahop", 0, 100, 3.1), ("adahop", 0, 200, 2.45), ("adahop", 1, 100, 3.5),
-            ("adahop", 2, 100, 9.0),  # no bf16 seed 2: left out
-            ("mxfp4", 1, 300, 2.0)]  # no bf16 point at that step: left out
-    val = pd.DataFrame([{"model": "m", "recipe": r, "seed": s, "tokens": t, "val_loss": v} for r, s, t, v in rows])
-    gaps = figure.paired_to_reference(val).sort_values(["seed", "tokens"])
-    assert gaps["recipe"].tolist() == ["adahop"] * 3 and gaps["seed"].tolist() == [0, 0, 1]
-    assert gaps["gap"].tolist() == pytest.approx([0.1, -0.05, 0.3])
-
-
 def test_every_registry_recipe_has_its_own_colour():
     from adahop.recipes import RECIPES
 

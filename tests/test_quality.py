@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from adahop.provenance import read_results
-from adahop.quality import markdown, progress, quality_rows
+from adahop.quality import markdown, paired_gap_points, progress, quality_rows
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -156,3 +156,32 @@ def test_script_writes_the_plan_and_its_progress(tmp_path):
     assert config["planned"] == ["125m_bf16_s0", "125m_bf16_s9"]
     assert config["progress"]["trained_only"] == ["125m_bf16_s0"] and config["progress"]["missing"] == ["125m_bf16_s9"]
     assert "Not run yet (1): `125m_bf16_s9`." in (tmp_path / "q.md").read_text()
+
+
+def curve_run(recipe, seed, points, model="m"):
+    """A pretraining record with held-out evaluations at ``points`` ({step: loss}), 10 tokens a step."""
+    return {"name": f"{model}_{recipe}_s{seed}", "model": model, "recipe": recipe, "final_val_loss": list(points.values())[-1],
+            "tokens_per_step": 10, "val_curve": [{"step": s, "val_loss": v} for s, v in points.items()]}
+
+
+def test_loss_gap_pairs_each_run_with_bf16_of_the_same_seed_and_step():
+    runs = [curve_run("bf16", 0, {10: 3.0, 20: 2.5}), curve_run("bf16", 1, {10: 3.2}),
+            curve_run("adahop", 0, {10: 3.1, 20: 2.45}), curve_run("adahop", 1, {10: 3.5}),
+            curve_run("adahop", 2, {10: 9.0}),  # no bf16 seed 2: left out
+            curve_run("mxfp4", 1, {30: 2.0})]  # no bf16 point at that step: left out
+    gaps = sorted(paired_gap_points(runs), key=lambda p: (p["seed"], p["tokens"]))
+    assert [(p["recipe"], p["seed"], p["tokens"]) for p in gaps] == [("adahop", 0, 100), ("adahop", 0, 200), ("adahop", 1, 100)]
+    assert [p["gap"] for p in gaps] == pytest.approx([0.1, -0.05, 0.3])
+
+
+def test_gap_curve_is_the_mean_min_and_max_over_shared_seeds_and_the_markdown_shows_it():
+    runs = [curve_run("bf16", 0, {10: 3.0, 20: 2.5}), curve_run("bf16", 1, {10: 3.2}),
+            curve_run("adahop", 0, {10: 3.1, 20: 2.45}), curve_run("adahop", 1, {10: 3.5})]
+    rows = {r["recipe"]: r for r in quality_rows(runs, [])}
+    assert rows["bf16"]["gap_curve"] == []
+    curve = rows["adahop"]["gap_curve"]
+    assert [(p["tokens"], p["seeds"]) for p in curve] == [(100, 2), (200, 1)]
+    assert curve[0]["mean"] == pytest.approx(0.2) and (curve[0]["min"], curve[0]["max"]) == pytest.approx((0.1, 0.3))
+    text = markdown(list(rows.values()), ["a.json"])
+    assert "## m: held-out loss − bf16 over training" in text
+    assert "| 100 | +0.200 |" in text and "| 200 | -0.050 (1) |" in text
