@@ -235,12 +235,12 @@ def _gap_curve_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]
         if not curves:
             continue
         tokens = sorted({t for c in curves.values() for t in c})
+        most = {recipe: max(p["seeds"] for p in c.values()) for recipe, c in curves.items()}
         lines += ["", f"## {model}: held-out loss − {reference} over training", "",
                   f"Each cell: the mean over the seeds both runs have of the recipe's held-out loss minus {reference}'s",
-                  "on the same seed at the same step (figure 3, third panel); in brackets how many seeds where fewer",
-                  "than the recipe's most.", "",
-                  "| tokens | " + " | ".join(curves) + " |", "|---|" + "---|" * len(curves)]
-        most = {recipe: max(p["seeds"] for p in c.values()) for recipe, c in curves.items()}
+                  "on the same seed at the same step (figure 3, third panel). The header gives each recipe's number",
+                  "of paired seeds; a cell with fewer says how many in brackets.", "",
+                  "| tokens | " + " | ".join(f"{r} ({most[r]})" for r in curves) + " |", "|---|" + "---|" * len(curves)]
         for t in tokens:
             cells = []
             for recipe, c in curves.items():

@@ -184,4 +184,4 @@ def test_gap_curve_is_the_mean_min_and_max_over_shared_seeds_and_the_markdown_sh
     assert curve[0]["mean"] == pytest.approx(0.2) and (curve[0]["min"], curve[0]["max"]) == pytest.approx((0.1, 0.3))
     text = markdown(list(rows.values()), ["a.json"])
     assert "## m: held-out loss − bf16 over training" in text
-    assert "| 100 | +0.200 |" in text and "| 200 | -0.050 (1) |" in text
+    assert "| tokens | adahop (2) |" in text and "| 100 | +0.200 |" in text and "| 200 | -0.050 (1) |" in text
