@@ -23,6 +23,9 @@ if CALIBRATING_RUNS:  # a profile without adahop has no strategy map to draw
 PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval", "fig8_strategy_map")
 # Read beside the results: the paper's own numbers, each citing its table.
 FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
+# Library code a figure computes with (a change there redraws it): figure 3's gap to bf16 is
+# adahop.quality's, the same points the quality table lists.
+FIGURE_CODE = {"fig3_loss": ["adahop/quality.py"]}
 ALL_RESULTS = results_inputs(
     sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
 )
@@ -49,6 +52,7 @@ rule figure:
             FIGURE_INPUTS[wildcards.figure], partial=wildcards.figure in PER_RUN_FIGURES
         )(wildcards),
         references=lambda wildcards: FIGURE_REFERENCES.get(wildcards.figure, []),
+        code=lambda wildcards: FIGURE_CODE.get(wildcards.figure, []),
     output:
         png=f"{FIGURE_DIR}/{{figure}}.png",
         pdf=f"{FIGURE_DIR}/{{figure}}.pdf",
