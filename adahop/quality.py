@@ -66,7 +66,8 @@ def paired_gap_points(pretrain: Iterable[Mapping[str, Any]], reference: str = RE
     points the reference run lacks are left out."""
     val: dict[tuple[str, str, int], dict[int, float]] = {}
     for r in pretrain:
-        for p in r.get("val_curve") or []:
+        curve = r.get("val_curve")
+        for p in curve if isinstance(curve, list) else []:  # (a frame's row may hold NaN for none)
             if p.get("val_loss") is not None:
                 val.setdefault((r["model"], r["recipe"], run_seed(r)), {})[int(p["step"]) * int(r["tokens_per_step"])] = \
                     float(p["val_loss"])
