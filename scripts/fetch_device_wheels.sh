@@ -16,18 +16,23 @@ WHEELS=(lm_eval==0.4.13 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19)
 DEST=.whl_eval
 PYTHON=${PYTHON:-.venv/bin/python}
 
+download() {  # DIR WHEEL...: the wheels for the GPU machine's Python 3.12 into DIR
+  local dir=$1
+  shift
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir" "$@"
+}
+
 rm -rf "$DEST.tmp"
 mkdir -p "$DEST.tmp"
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
-  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$DEST.tmp" "${WHEELS[@]}"
+download "$DEST.tmp" "${WHEELS[@]}"
 "$PYTHON" experiments/evaluate.py --config config/gpu.yaml --pack-data "$DEST.tmp/eval_data.tar.gz"
 rm -rf "$DEST"
 mv "$DEST.tmp" "$DEST"
 # torchao 0.17 is the release measured against the device's torch 2.11 (an abi3 wheel).
 rm -rf .whl.tmp
-python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 -d .whl.tmp torchao==0.17.0
+download .whl.tmp torchao==0.17.0
 rm -rf .whl
 mv .whl.tmp .whl
 for d in "$DEST" .whl; do
