@@ -81,8 +81,8 @@ def stage_files(folder: Path, args: argparse.Namespace) -> list[tuple[Path, Path
 
 def copy_log(src: Path, logs: Path) -> None:
     """Copy ``src`` into ``logs``, replacing a same-named log only where ``src`` extends it."""
-    dest, n = logs / src.name, 1
-    while dest.exists() and not src.read_bytes().startswith(dest.read_bytes()):
+    dest, n, text = logs / src.name, 1, src.read_bytes()
+    while dest.exists() and not text.startswith(dest.read_bytes()):
         n += 1
         stem, _, ext = src.name.partition(".")
         dest = logs / f"{stem}-{n}.{ext}"
@@ -130,8 +130,8 @@ def ingest_stages(files: list[tuple[Path, Path]], args: argparse.Namespace) -> i
     return sum(not file_result(src, dest, args.replace_stages, "--replace-stages") for src, dest in files)
 
 
-def ingest(folder: Path, args: argparse.Namespace) -> int:
-    runs = run_files(folder)
+def ingest(runs: dict[str, dict[str, Path]], args: argparse.Namespace) -> int:
+    """File the runs' results and logs (``runs``: :func:`run_files`); 1 if anything was refused."""
     refused = 0
     args.logs.mkdir(parents=True, exist_ok=True)
     for run, files in runs.items():
@@ -159,11 +159,11 @@ def ingest_tree(root: Path, args: argparse.Namespace) -> int:
     the logs of a folder or an unpacked archive; 1 if anything was refused or nothing was there."""
     runs_dir = root / "out" if (root / "out").is_dir() else root
     stages_dir = root / "stages" if (root / "stages").is_dir() else root
-    stages = stage_files(stages_dir, args)
-    if not run_files(runs_dir) and not stages:
+    runs, stages = run_files(runs_dir), stage_files(stages_dir, args)
+    if not runs and not stages:
         print(f"ingest: no run or stage results files in {args.source}", file=sys.stderr)
         return 1
-    status = ingest(runs_dir, args) if run_files(runs_dir) else 0
+    status = ingest(runs, args) if runs else 0
     if stages:
         status = max(status, 1 if ingest_stages(stages, args) else 0)
     args.logs.mkdir(parents=True, exist_ok=True)
