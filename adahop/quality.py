@@ -131,7 +131,9 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
     def tasks_of(key) -> set[str]:
         return {t for t, ms in scores.get(key, {}).items() if t != CORPUS_TASK and _accuracy_metric(set(ms))}
 
-    gap_points = paired_gap_points(pretrain, reference)
+    gap_points: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for p in paired_gap_points(pretrain, reference):
+        gap_points[(p["model"], p["recipe"])].append(p)
     rows = []
     keys = sorted(set(loss) | set(scores), key=lambda k: (k[0], k[1] != reference, k[1]))
     for model, recipe in keys:
@@ -153,7 +155,7 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
                 "gap_to_" + reference: (m - r) if m is not None and r is not None and recipe != reference else None,
                 reference + "_sd": _spread(list(theirs.values())),
             }
-        row["gap_curve"] = _gap_curve([p for p in gap_points if (p["model"], p["recipe"]) == key])
+        row["gap_curve"] = _gap_curve(gap_points[key])
         rows.append(row)
     _add_paired(rows, reference)
     return rows
