@@ -11,9 +11,10 @@ Model-level API::
     ...  # after every optimizer.step():
     adahop.on_optimizer_step(model)
     adahop.export_strategies(model)  # per-layer labels and strategies as JSON-ready data
+    adahop.fix_strategies(model, {name: {"fwd": ..., "dgrad": ..., "wgrad": ...}})  # reuse a map
 """
 
-from adahop.linear import AdaHOPLinear, QuantLinear, convert, export_strategies, on_optimizer_step
+from adahop.linear import AdaHOPLinear, QuantLinear, convert, export_strategies, fix_strategies, on_optimizer_step
 from adahop.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Recipe",
     "convert",
     "export_strategies",
+    "fix_strategies",
     "get_recipe",
     "on_optimizer_step",
 ]

@@ -44,7 +44,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +60,7 @@ from adahop.policy import (
     Strategy,
     decide,
     effective_strategy,
+    parse_strategy,
     pattern_pairs,
     strategies_from_dict,
     strategies_to_dict,
@@ -624,6 +625,25 @@ class QuantLinear(nn.Linear):
         self.phase = "fixed"
         self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies)})
 
+    def checked_map(self, strategies: Mapping[str, Strategy | str]) -> dict[str, Strategy]:
+        """``strategies`` (slot → strategy) parsed, or a ValueError saying why this layer cannot take it."""
+        if self.recipe.policy is None:
+            raise ValueError(f"layer {self.layer_id}: recipe {self.recipe.name!r} has fixed strategies; "
+                             "only a policy recipe (adahop, ...) takes a strategy map")
+        if not isinstance(strategies, Mapping) or set(strategies) != set(SLOTS):
+            got = sorted(strategies) if isinstance(strategies, Mapping) else type(strategies).__name__
+            raise ValueError(f"layer {self.layer_id}: a strategy map names the slots {list(SLOTS)}, got {got}")
+        return {slot: parse_strategy(strategies[slot]) for slot in SLOTS}
+
+    def fix(self, strategies: Mapping[str, Strategy | str]) -> None:
+        """Fix this layer's strategies to ``strategies`` (slot → strategy), ending or skipping its
+        calibration: e.g. to reuse the map a calibrated run fixed (``export_strategies``) for a run,
+        a measurement or a fine-tune. Only for policy recipes (a fixed recipe's strategies are the
+        recipe); a recalibrating recipe still recalibrates on its schedule."""
+        self.strategies = self.checked_map(strategies)
+        self.phase, self.recalibration = "fixed", None
+        self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies)})
+
     # -- state
 
     def export(self) -> dict[str, Any]:
@@ -765,6 +785,26 @@ def on_optimizer_step(model: nn.Module) -> None:
 def export_strategies(model: nn.Module) -> dict[str, dict[str, Any]]:
     """``{module name: layer.export()}`` for every QuantLinear: labels, pairs, strategies (JSON-ready)."""
     return {name: layer.export() for name, layer in quant_layers(model)}
+
+
+def fix_strategies(model: nn.Module, strategies: Mapping[str, Mapping[str, Strategy | str]]) -> nn.Module:
+    """Fix every policy QuantLinear of ``model`` to a strategy map ``{module name: {slot: strategy}}``
+    (the ``strategies`` of :func:`export_strategies`, or the records of ``experiments/strategies.py``
+    grouped by layer). The map must name exactly the model's policy layers: a missing or unknown
+    name is an error, not a layer left calibrating. Returns ``model``."""
+    layers = {name: layer for name, layer in quant_layers(model) if layer.recipe.policy is not None}
+    if not layers:
+        raise ValueError("fix_strategies: the model has no QuantLinear of a policy recipe (convert it with adahop, ...)")
+    missing, unknown = sorted(set(layers) - set(strategies)), sorted(set(strategies) - set(layers))
+    if missing or unknown:
+        raise ValueError(f"fix_strategies: the map does not match the model's policy layers: "
+                         f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''} ({len(missing)}), "
+                         f"unknown {unknown[:5]}{' ...' if len(unknown) > 5 else ''} ({len(unknown)})")
+    for name, layer in layers.items():  # every entry checked before any layer changes
+        layer.checked_map(strategies[name])
+    for name, layer in layers.items():
+        layer.fix(strategies[name])
+    return model
 
 
 def strategy_fixes(model: nn.Module) -> list[dict[str, Any]]:

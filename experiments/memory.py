@@ -17,7 +17,13 @@ rest: what the recipe adds), their ratios to the bf16 record of the same shape, 
 ``peak_bytes`` (``torch.cuda.max_memory_allocated`` over forward + backward, minus what was
 allocated before: parameters, inputs). Policy recipes are measured twice: ``phase: calibrating``
 (plain MXFP4; the measured policy also keeps a BF16 sample of X) and ``phase: fixed`` after
-``calibration_steps`` steps on the same random data.
+``calibration_steps`` steps on the same random data. Random data is not what a trained run
+calibrates on: on it the table picks no BF16 wgrad, where the 125m runs pick it for 10–12 of 84
+layers. So with ``strategy_map`` (a results file of ``experiments/strategies.py``: the map a
+pretraining run fixed), the model is measured once more, ``phase: run map``, with its layers fixed
+to that map (:func:`adahop.fix_strategies`), for every policy recipe whose policy and table are the
+map's recipe's (adahop's map: adahop, adahop-recal, adahop-exact-bf16). The model preset must be
+the run's (the map names its layers).
 
 Settings: SIZES[size] < the profile's ``memory`` section < flags; ``size`` defaults to the
 profile's top-level ``profile`` (smoke or gpu). ``overrides`` (recipe fields, e.g.
@@ -38,7 +44,7 @@ from torch import nn
 import adahop
 from adahop.linear import SavedTensorMeter
 from adahop.model import Llama, LlamaConfig
-from adahop.provenance import check_replaceable, write_results
+from adahop.provenance import check_replaceable, read_results, write_results
 from adahop.recipes import RECIPES
 
 SIZES: dict[str, dict[str, Any]] = {
@@ -48,7 +54,8 @@ SIZES: dict[str, dict[str, Any]] = {
             "model": "125m", "batch_size": 8, "seq_len": 2048, "vocab_size": 32768},
 }
 # overrides: recipe fields for every quantized recipe, e.g. {weight_for_backward: param}.
-COMMON = {"recipes": list(RECIPES), "calibration_steps": 1, "seed": 0, "device": None, "overrides": {}}
+COMMON = {"recipes": list(RECIPES), "calibration_steps": 1, "seed": 0, "device": None, "overrides": {},
+          "strategy_map": None}
 
 
 Step = Callable[[], tuple[torch.Tensor, torch.Tensor | None]]  # forward: (output, its gradient)
@@ -116,6 +123,28 @@ def strategies(module: nn.Module) -> dict[str, Any]:
 Add = Callable[[dict[str, Any]], None]  # takes each record as it is measured
 
 
+def read_strategy_map(path: str | Path) -> tuple[dict[str, Any], dict[str, dict[str, str]]]:
+    """The run (model, recipe, seed) and its map ``{layer: {slot: strategy}}`` from a results file
+    of ``experiments/strategies.py``."""
+    recs = read_results(path)["records"]
+    runs = {(r["model"], r["recipe"], r["seed"]) for r in recs}
+    if len(runs) != 1:
+        raise SystemExit(f"memory: strategy_map {path} must hold one run's map, it holds {sorted(runs)}")
+    model, recipe, seed = runs.pop()
+    if RECIPES.get(recipe) is None or RECIPES[recipe].policy is None:
+        raise SystemExit(f"memory: strategy_map {path} is a map of {recipe!r}, not of a policy recipe")
+    layers: dict[str, dict[str, str]] = {}
+    for r in recs:
+        layers.setdefault(r["layer"], {})[r["slot"]] = r["strategy"]
+    return {"model": model, "recipe": recipe, "seed": seed}, layers
+
+
+def takes_map(recipe: str, map_recipe: str) -> bool:
+    """Whether a map fixed under ``map_recipe`` is one ``recipe`` could have fixed: same policy, same table."""
+    a, b = RECIPES[recipe], RECIPES[map_recipe]
+    return a.policy is not None and (a.policy, a.table) == (b.policy, b.table)
+
+
 def layer_records(s: dict[str, Any], device: torch.device, add: Add) -> None:
     for tokens, fin, fout in s["layer_shapes"]:
         gen = torch.Generator(device=device).manual_seed(s["seed"])
@@ -136,23 +165,35 @@ def layer_records(s: dict[str, Any], device: torch.device, add: Add) -> None:
 
 
 def model_records(s: dict[str, Any], device: torch.device, add: Add) -> None:
+    run, layer_map = read_strategy_map(s["strategy_map"]) if s["strategy_map"] else (None, None)
+    if run is not None and run["model"] != s["model"]:
+        raise SystemExit(f"memory: strategy_map is a map of a {run['model']} run; the model measured is {s['model']}")
     cfg = LlamaConfig.from_name(s["model"], s["vocab_size"], max_seq_len=max(s["seq_len"], 8))
     gen = torch.Generator(device=device).manual_seed(s["seed"])
     ids = torch.randint(0, s["vocab_size"], (s["batch_size"], s["seq_len"]), generator=gen, device=device)
     for recipe in s["recipes"]:
         torch.manual_seed(s["seed"])
-        model = convert(Llama(cfg).to(device), recipe, s)
+        # One model at a time: each recipe's model is freed (it goes out of scope) before the next.
+        recipe_model_records(convert(Llama(cfg).to(device), recipe, s), recipe, ids, s, device, add,
+                             run if run is not None and takes_map(recipe, run["recipe"]) else None, layer_map)
 
-        def forward():
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                return model(ids, ids)[1], None
 
-        for phase, steps in phases(recipe, s["calibration_steps"]):
-            run_steps(model, forward, steps)
-            add({"what": "model", "recipe": recipe, "phase": phase, "model": s["model"],
-                 "tokens": s["batch_size"] * s["seq_len"], "strategies": strategies(model),
-                 **measure(model, forward, device)})
-        del model
+def recipe_model_records(model: nn.Module, recipe: str, ids: torch.Tensor, s: dict[str, Any], device: torch.device,
+                         add: Add, run: dict[str, Any] | None, layer_map: dict[str, dict[str, str]] | None) -> None:
+    def forward():
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return model(ids, ids)[1], None
+
+    def record(phase: str, **extra: Any) -> None:
+        add({"what": "model", "recipe": recipe, "phase": phase, "model": s["model"],
+             "tokens": ids.numel(), "strategies": strategies(model), **extra, **measure(model, forward, device)})
+
+    for phase, steps in phases(recipe, s["calibration_steps"]):
+        run_steps(model, forward, steps)
+        record(phase)
+    if run is not None:
+        adahop.fix_strategies(model, layer_map)
+        record("run map", strategy_map=f"{run['model']}_{run['recipe']}_s{run['seed']}")
 
 
 def add_ratios(recs: list[dict[str, Any]]) -> None:
@@ -181,6 +222,10 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     s.update(section)
     if args.recipes:
         s["recipes"] = args.recipes.split(",")
+    if args.strategy_map:
+        s["strategy_map"] = str(args.strategy_map)
+    if args.only:
+        s["only"] = args.only
     bad = [r for r in s["recipes"] if r not in RECIPES]
     if bad:
         raise SystemExit(f"memory: unknown recipes {bad}; registered: {sorted(RECIPES)}")
@@ -194,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--config", type=Path, help="profile YAML (its `profile` and `memory` section)")
     p.add_argument("--size", choices=sorted(SIZES), help="shapes and model; overrides the config file")
     p.add_argument("--recipes", help="comma-separated recipes (bf16 is always added)")
+    p.add_argument("--strategy-map", type=Path, help="a run's map (results of experiments/strategies.py): "
+                   "measure the model fixed to it too; overrides the config file")
+    p.add_argument("--only", choices=["layer", "model"], help="measure only the layers or only the model")
     p.add_argument("--out", type=Path, required=True, help="results file")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
     args = p.parse_args(argv)
@@ -212,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
         report(record)
         write_results(args.out, recs, config=s, seed=s["seed"], device=device, overwrite=True)
 
-    layer_records(s, device, add)
-    model_records(s, device, add)
+    if s.get("only") != "model":
+        layer_records(s, device, add)
+    if s.get("only") != "layer":
+        model_records(s, device, add)
     print(f"memory: {len(recs)} records -> {args.out}")
     return 0
 

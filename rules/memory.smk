@@ -4,6 +4,8 @@
 rule memory:
     input:
         script=stage_input("experiments/memory.py"),
+        # the map a run fixed (config memory.strategy_map), when the profile names one
+        strategy_map=[stage_input(p) for p in [config["memory"].get("strategy_map")] if p],
     output:
         results_path("memory", "memory"),
     params:

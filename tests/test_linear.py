@@ -371,6 +371,54 @@ def test_resume_mid_calibration_continues_the_votes():
     assert adahop.export_strategies(resumed) == adahop.export_strategies(uninterrupted)
 
 
+def outputs_and_grads(model, seed=10):
+    x = planted_outliers(64, 64, n_cols=2, col_factor=20, seed=seed).requires_grad_()
+    y = model(x)
+    y.square().sum().backward()
+    out = [y.detach(), x.grad, *(p.grad for p in model.parameters())]
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def test_fix_strategies_runs_the_map_another_run_fixed():
+    calibrated = calibrated_model(2)  # fixed at step 2
+    still = calibrated_model(2, steps=5)  # the same weights and step, still calibrating
+    the_map = {name: e["strategies"] for name, e in adahop.export_strategies(calibrated).items()}
+    assert the_map["0"]["fwd"] != "mxfp4"  # col outliers: not what calibrating runs (plain MXFP4)
+    before = outputs_and_grads(still)
+    assert not torch.equal(before[0], outputs_and_grads(calibrated)[0])
+    assert adahop.fix_strategies(still, the_map) is still
+    assert [layer.phase for layer in (still[0], still[2])] == ["fixed", "fixed"]
+    assert still[0].fixed_at == [{"step": 2, "strategies": the_map["0"]}]
+    for a, b in zip(outputs_and_grads(still), outputs_and_grads(calibrated)):
+        assert torch.equal(a, b)
+    # Fixed for good: training on does not calibrate again.
+    calibrated_model(4, model=still)
+    assert {n: e["strategies"] for n, e in adahop.export_strategies(still).items()} == the_map
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda m: m.pop("2"), r"missing \['2'\]"),
+    (lambda m: m.update({"9": m["0"]}), r"unknown \['9'\]"),
+    (lambda m: m["0"].pop("wgrad"), "names the slots"),
+    (lambda m: m["2"].update(wgrad="fp8"), "unknown strategy 'fp8'"),
+])
+def test_fix_strategies_refuses_a_map_that_does_not_fit(change, message):
+    the_map = {n: {"fwd": "iht", "dgrad": "iht", "wgrad": "bf16"} for n in ("0", "2")}
+    change(the_map)
+    model = fresh()
+    with pytest.raises(ValueError, match=message):
+        adahop.fix_strategies(model, the_map)
+    assert model[0].phase == model[2].phase == "calibrating"  # the whole map is checked before any layer changes
+
+
+def test_fix_strategies_refuses_a_model_without_policy_layers():
+    with pytest.raises(ValueError, match="no QuantLinear of a policy recipe"):
+        adahop.fix_strategies(adahop.convert(nn.Sequential(nn.Linear(64, 64)), "mxfp4"), {"0": {}})
+    with pytest.raises(ValueError, match="has fixed strategies"):
+        adahop.convert(nn.Linear(64, 64), "uniform-iht").fix({"fwd": "iht", "dgrad": "iht", "wgrad": "iht"})
+
+
 def test_checkpoint_of_another_recipe_is_refused():
     state = round_trip(calibrated_model(2).state_dict())
     with pytest.raises(ValueError, match="differing in"):
