@@ -25,7 +25,9 @@ import yaml
 from adahop.provenance import REPO_ROOT, read_results
 from adahop.quality import progress, run_name
 
-STAGE_S = {"microbench": 140, "layers": 120, "memory": 120, "patterns": 420, "strategies": 360}
+# What each stage took on the H200 (results/logs/h200-*: memory 370 s at f36af21, before the run-map
+# records added three 125m models, about 40 s more).
+STAGE_S = {"microbench": 140, "layers": 120, "memory": 410, "patterns": 420, "strategies": 360}
 
 
 def planned(pretrain: dict) -> list[tuple[str, bool]]:
