@@ -642,7 +642,7 @@ class QuantLinear(nn.Linear):
         recipe); a recalibrating recipe still recalibrates on its schedule."""
         self.strategies = self.checked_map(strategies)
         self.phase, self.recalibration = "fixed", None
-        self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies)})
+        self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies), "from": "map"})
 
     # -- state
 
@@ -658,12 +658,14 @@ class QuantLinear(nn.Linear):
         }
         if self.recipe.policy is not None:
             labels = self.calibration.labels()
+            # Labels and pairs are the calibration's: none while it runs, none for a map fixed from outside.
+            labelled = self.phase != "calibrating" and not (self.fixed_at and self.fixed_at[-1].get("from") == "map")
             out.update(
                 policy=self.recipe.policy,
                 calibration_steps=self.recipe.calibration_steps,
-                labels=labels if self.phase != "calibrating" else None,
+                labels=labels if labelled else None,
                 votes=self.calibration.to_dict()["votes"],
-                pairs={s: "-".join(p) for s, p in pattern_pairs(labels).items()} if self.phase != "calibrating" else None,
+                pairs={s: "-".join(p) for s, p in pattern_pairs(labels).items()} if labelled else None,
                 relative_errors=self.calibration.relative_errors() or None,
             )
             if self.recipe.recalibration_interval:

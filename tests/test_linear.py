@@ -389,7 +389,9 @@ def test_fix_strategies_runs_the_map_another_run_fixed():
     assert not torch.equal(before[0], outputs_and_grads(calibrated)[0])
     assert adahop.fix_strategies(still, the_map) is still
     assert [layer.phase for layer in (still[0], still[2])] == ["fixed", "fixed"]
-    assert still[0].fixed_at == [{"step": 2, "strategies": the_map["0"]}]
+    assert still[0].fixed_at == [{"step": 2, "strategies": the_map["0"], "from": "map"}]
+    exported = adahop.export_strategies(still)["0"]
+    assert exported["labels"] is None and exported["pairs"] is None  # not this layer's calibration's
     for a, b in zip(outputs_and_grads(still), outputs_and_grads(calibrated)):
         assert torch.equal(a, b)
     # Fixed for good: training on does not calibrate again.
