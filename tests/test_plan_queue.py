@@ -54,3 +54,12 @@ def test_stages_are_the_queues_stages():
     script = (REPO / "scripts" / "h200_queue.sh").read_text()
     declared = re.search(r"declare -A STAGE_FILE=\((.*?)\)\n", script, re.S).group(1)
     assert set(re.findall(r"\[(\w+)\]=", declared)) == set(plan_queue.STAGE_S)
+
+
+def test_the_queue_guards_each_stage_with_at_least_the_plans_estimate():
+    # h200_queue.sh starts a stage only with STAGE_MIN_S seconds left; a guard below what the plan
+    # budgets (what the stage took on the H200) would start stages that are then cut off.
+    text = (REPO / "scripts" / "h200_queue.sh").read_text()
+    guard = {k: int(v) for k, v in re.findall(r"\[(\w+)\]=(\d+)", re.search(r"STAGE_MIN_S=\((.*)\)", text).group(1))}
+    assert set(guard) == set(plan_queue.STAGE_S)
+    assert all(guard[stage] >= seconds for stage, seconds in plan_queue.STAGE_S.items()), (guard, plan_queue.STAGE_S)
