@@ -270,8 +270,9 @@ def _progress_markdown(state: dict[str, list[str]]) -> list[str]:
 
 
 def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str = REFERENCE,
-             progress_state: dict[str, list[str]] | None = None) -> str:
-    """The rows as a Markdown table, with what each column means (and the plan's progress, if given)."""
+             progress_state: dict[str, list[str]] | None = None, commits: Mapping[str, str | None] | None = None) -> str:
+    """The rows as a Markdown table, with what each column means (and the plan's progress, if given).
+    ``commits``: each source's ``git_commit``, listed beside it."""
     gap, ref_sd = "gap_to_" + reference, reference + "_sd"
     lines = [
         "# Quality gap to bf16",
@@ -301,8 +302,19 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
     lines += _gap_curve_markdown(rows, reference)
     if progress_state is not None:
         lines += _progress_markdown(progress_state)
-    lines += ["", "Sources:", *[f"- `{s}`" for s in sources], ""]
+    lines += ["", *_sources_markdown(list(sources), commits or {}), ""]
     return "\n".join(lines)
+
+
+def _sources_markdown(sources: list[str], commits: Mapping[str, str | None]) -> list[str]:
+    if not commits:
+        return ["Sources:", *[f"- `{s}`" for s in sources]]
+    made_at = sorted({c[:7] for s in sources if (c := commits.get(s))})
+    lines = ["Sources, with the commit each was made at" + (
+        f": {len(made_at)} commits. Commits between them may change the arithmetic (a rerun of one seed "
+        "at another commit is not bit for bit the same run), so a difference between runs of two "
+        "commits also holds the code's." if len(made_at) > 1 else ":")]
+    return lines + [f"- `{s}`" + (f" ({commits[s][:7]})" if commits.get(s) else "") for s in sources]
 
 
 def _paired_markdown(rows: list[dict[str, Any]], reference: str) -> list[str]:

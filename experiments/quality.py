@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {"sources": sources} | ({"planned": args.planned, "progress": state} if state is not None else {})
     write_results(args.out.with_suffix(".json"), rows, config=config, overwrite=True,
                   extra_provenance={"source_commits": commits})
-    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, sources, progress_state=state))
+    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, sources, progress_state=state, commits=commits))
     print(f"quality: {len(rows)} rows -> {args.out}.md, {args.out}.json")
     return 0
 

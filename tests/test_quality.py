@@ -146,6 +146,17 @@ def test_progress_sorts_the_planned_runs_by_what_they_have():
     assert "## Progress" not in markdown(quality_rows(runs, evals), ["a.json"])
 
 
+def test_sources_list_their_commits_and_a_mix_of_commits_is_pointed_out():
+    runs = [pretrain("bf16", 0, 3.0), pretrain("mxfp4", 0, 3.2)]
+    rows = quality_rows(runs, [])
+    one = markdown(rows, ["a.json", "b.json"], commits={"a.json": "a" * 40, "b.json": "a" * 40})
+    assert "- `a.json` (aaaaaaa)" in one and "holds the code's" not in one
+    mixed = markdown(rows, ["a.json", "b.json", "c.json"], commits={"a.json": "a" * 40, "b.json": "b" * 40, "c.json": None})
+    assert ": 2 commits." in mixed and "holds the code's" in mixed
+    assert "- `b.json` (bbbbbbb)" in mixed and "- `c.json`\n" in mixed  # no commit: nothing made up
+    assert "Sources:\n- `a.json`" in markdown(rows, ["a.json"])
+
+
 def test_script_writes_the_plan_and_its_progress(tmp_path):
     spec = importlib.util.spec_from_file_location("quality", REPO / "experiments" / "quality.py")
     module = importlib.util.module_from_spec(spec)
