@@ -18,6 +18,7 @@ import gzip
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import zlib
@@ -81,6 +82,10 @@ def git_state() -> tuple[str | None, bool | None]:
     them through the environment (ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY), and that wins over git: such
     a copy can carry a stale .git (one from before the commits it holds)."""
     commit = os.environ.get("ADAHOP_GIT_COMMIT") or _git("rev-parse", "HEAD")
+    if os.environ.get("ADAHOP_GIT_COMMIT") and not re.fullmatch(r"[0-9a-f]{40}", commit):
+        # A short or typed hash cannot be checked where it is used (the device has no history): two
+        # sessions stamped results with hashes no commit has ('efbcdb1f', 'b2d30a4b').
+        raise ValueError(f"ADAHOP_GIT_COMMIT must be a full 40-hex commit (git rev-parse HEAD), got {commit!r}")
     dirty = _env_flag("ADAHOP_GIT_DIRTY")
     if dirty is None:
         status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",

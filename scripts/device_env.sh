@@ -3,6 +3,12 @@
 # Makes `adahop` and `adahop_kernels` importable from this checkout (kernels/ is imported under
 # that name, as pyproject.toml maps it) and installs the carried wheels, if any, of the folders in
 # ADAHOP_WHEEL_DIRS (default ".whl .whl_eval": torchao; lm-eval and its missing dependencies).
+# The commit results are stamped with, when given, is a full hash (a short or typed one cannot be
+# checked here: the device's copy of the tree has no history).
+if [ -n "${ADAHOP_GIT_COMMIT:-}" ] && ! [[ "$ADAHOP_GIT_COMMIT" =~ ^[0-9a-f]{40}$ ]]; then
+  echo "ADAHOP_GIT_COMMIT must be a full 40-hex commit (git rev-parse HEAD), got '$ADAHOP_GIT_COMMIT'" >&2
+  return 2 2>/dev/null || exit 2
+fi
 ADAHOP_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 _adahop_site=${ADAHOP_SITE:-/tmp/adahop_site}
 mkdir -p "$_adahop_site"

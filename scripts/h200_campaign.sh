@@ -17,7 +17,7 @@
 # STAGE_TIMEOUT_S overrides every stage's time limit (scripts/h200_queue.sh gives a stage the time left).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. scripts/device_env.sh
+. scripts/device_env.sh || exit 2
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 LOG="$OUT/campaign.log"

@@ -3,7 +3,7 @@
 # kernel microbenchmarks (gpu profile). Writes logs and results under $OUT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-. scripts/device_env.sh
+. scripts/device_env.sh || exit 2
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/env.txt"

@@ -90,7 +90,7 @@ left() { echo $((DEADLINE_S - (SECONDS - START) - $1)); }  # seconds to the dead
 log "start: profile $PROFILE, recipe $RECIPE, seed $SEED, nproc $NPROC, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
 # One site folder per run: side-by-side runs would race installing into a shared one.
 ADAHOP_SITE=${ADAHOP_SITE:-/tmp/adahop_site_$RUN}
-. scripts/device_env.sh
+. scripts/device_env.sh || exit 2
 python3 - <<'PY' 2>&1 | tee -a "$LOG"
 import importlib.metadata as md
 names = ("torch", "transformers", "lm_eval", "datasets", "dill", "multiprocess", "pyarrow", "fsspec", "huggingface_hub")

@@ -202,6 +202,17 @@ def test_queue_refuses_a_malformed_item(bundle, tmp_path, item, message):
     assert done.returncode == 2 and message in done.stderr
 
 
+@pytest.mark.parametrize("script", [QUEUE, SCRIPT])
+def test_a_short_or_typed_commit_is_refused_before_anything_runs(bundle, tmp_path, script):
+    # Two sessions stamped results with 'efbcdb1f' and 'b2d30a4b': short forms with a wrong last digit.
+    _, bundle_dir = bundle
+    args = ["bf16:0"] if script == QUEUE else ["bf16", "0"]
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), *args, script=script,
+                      ADAHOP_GIT_COMMIT="b2d30a4b")
+    assert done.returncode == 2 and "must be a full 40-hex commit" in done.stderr and "'b2d30a4b'" in done.stderr
+    assert not (tmp_path / "runs").exists()
+
+
 def test_queue_skips_a_stage_whose_results_file_is_there(bundle, tmp_path):
     _, bundle_dir = bundle
     stages = tmp_path / "queue" / "stages"

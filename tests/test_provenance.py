@@ -74,6 +74,14 @@ def test_commit_from_environment_wins_over_git(tmp_path, monkeypatch):
     assert prov["git_commit"] == "0" * 40 and prov["git_dirty"] is False
 
 
+@pytest.mark.parametrize("commit", ["b2d30a4b", "efbcdb119a124836b5f627c3b94bfef1d1871b6", "E" * 40])
+def test_a_commit_from_the_environment_must_be_a_full_hash(tmp_path, monkeypatch, commit):
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", commit)
+    with pytest.raises(ValueError, match=f"ADAHOP_GIT_COMMIT must be a full 40-hex commit.*{commit!r}"):
+        write_results(tmp_path / "r.json", [{"a": 1}])
+    assert not (tmp_path / "r.json").exists()
+
+
 # --------------------------------------------------------------------------- gzip-compressed (.json.gz)
 
 
