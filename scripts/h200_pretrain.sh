@@ -3,7 +3,7 @@
 # call: train, export, lm-eval on the export, and leave only small files in $OUT (a checkpoint
 # cannot come back). Usage, from the repo root on the GPU machine:
 #
-#   ADAHOP_GIT_COMMIT=<sha> ADAHOP_GIT_DIRTY=0 bash scripts/h200_pretrain.sh RECIPE SEED [NPROC]
+#   ADAHOP_GIT_COMMIT=<full sha: git rev-parse HEAD> ADAHOP_GIT_DIRTY=0 bash scripts/h200_pretrain.sh RECIPE SEED [NPROC]
 #
 #   NPROC=2: one DDP run over both GPUs (torchrun); the profile's batch is split over the ranks,
 #            so the global batch and the token count stay the profile's. For the eager quantized

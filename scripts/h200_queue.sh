@@ -2,7 +2,7 @@
 # Pretraining runs queued per GPU, carried on over several device calls of one session. Usage, from
 # the repo root on the GPU machine:
 #
-#   ADAHOP_GIT_COMMIT=<sha> ADAHOP_GIT_DIRTY=0 bash scripts/h200_queue.sh "RECIPE:SEED ..." ["RECIPE:SEED ..."]
+#   ADAHOP_GIT_COMMIT=<full sha: git rev-parse HEAD> ADAHOP_GIT_DIRTY=0 bash scripts/h200_queue.sh "RECIPE:SEED ..." ["RECIPE:SEED ..."]
 #
 # An item may also be stage:microbench, stage:layers, stage:memory, stage:patterns or stage:strategies: that stage of
 # scripts/h200_campaign.sh, given the time left (a stage cannot resume; its results file, under
