@@ -41,7 +41,7 @@ if [ $# -lt 1 ]; then
 fi
 : "${ADAHOP_GIT_COMMIT:?set ADAHOP_GIT_COMMIT and ADAHOP_GIT_DIRTY: the results are stamped with them}"
 : "${ADAHOP_GIT_DIRTY:?set ADAHOP_GIT_DIRTY (0 or 1)}"
-[ -z "${ADAHOP_GIT_COMMIT:-}" ] || [[ "$ADAHOP_GIT_COMMIT" =~ ^[0-9a-f]{40}$ ]] || {
+[[ "$ADAHOP_GIT_COMMIT" =~ ^[0-9a-f]{40}$ ]] || {
   echo "ADAHOP_GIT_COMMIT must be a full 40-hex commit (git rev-parse HEAD), got '$ADAHOP_GIT_COMMIT'" >&2; exit 2; }
 DEADLINE_S=${DEADLINE_S:-550}
 RUNS_PER_GPU=${RUNS_PER_GPU:-1}
