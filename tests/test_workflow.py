@@ -396,3 +396,20 @@ def test_schema_sections_name_the_keys_each_script_reads():
     schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
     for section, keys in script_keys().items():
         assert set(schema["properties"][section]["properties"]) == keys, section
+
+
+def test_benchmarks_alone_under_a_renamed_gpu_profile(workflow):
+    # README, "On your own GPU": a copy of the gpu profile under another name keeps our committed
+    # results apart from yours; `benchmarks` runs the three device benchmark stages and nothing else.
+    text = (workflow / "config" / "gpu.yaml").read_text()
+    assert text.count("\nprofile: gpu\n") == 1
+    (workflow / "config" / "mygpu.yaml").write_text(text.replace("\nprofile: gpu\n", "\nprofile: mygpu\n"))
+    the_map = profile("gpu")["memory"]["strategy_map"]  # a committed gpu run's map, read, not remade
+    (workflow / the_map).parent.mkdir(parents=True)
+    shutil.copy2(ROOT / the_map, workflow / the_map)
+    out = snakemake(workflow, "-n", "benchmarks", "--configfile", "config/mygpu.yaml")
+    assert out.returncode == 0, out.output
+    assert job_counts(out.output) == {"microbench": 1, "layer_bench": 1, "memory": 1, "benchmarks": 1}
+    for path in ("results/microbench/mygpu/kernels.json", "results/layer_bench/mygpu/layers.json",
+                 "results/memory/mygpu/memory.json"):
+        assert path in out.output
