@@ -31,10 +31,12 @@ STAGE_S = {"microbench": 140, "layers": 120, "memory": 410, "patterns": 420, "st
 
 
 def planned(pretrain: dict) -> list[tuple[str, bool]]:
-    """``(run, is_ablation)`` for every run of the profile's plan, main runs first."""
+    """``(run, is_ablation)`` for every run of the profile's plan, main runs first; within each,
+    seed by seed (every recipe's seed 0, then seed 1, ...): a session cut short leaves whole seeds,
+    which pair, rather than all seeds of a few recipes."""
     ablations = pretrain.get("ablations") or {"recipes": [], "seeds": []}
-    main = [run_name(m, r, s) for m in pretrain["models"] for r in pretrain["recipes"] for s in pretrain["seeds"]]
-    extra = [run_name(m, r, s) for m in pretrain["models"] for r in ablations["recipes"] for s in ablations["seeds"]]
+    main = [run_name(m, r, s) for m in pretrain["models"] for s in pretrain["seeds"] for r in pretrain["recipes"]]
+    extra = [run_name(m, r, s) for m in pretrain["models"] for s in ablations["seeds"] for r in ablations["recipes"]]
     return [(r, False) for r in main] + [(r, True) for r in extra]
 
 

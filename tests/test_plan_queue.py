@@ -39,10 +39,11 @@ def test_what_does_not_fit_is_listed_for_the_next_session(capsys):
     assert "do not fit 0 s per GPU" in out
 
 
-def test_main_runs_come_before_ablations():
+def test_main_runs_come_before_ablations_and_each_seed_before_the_next():
     plan = plan_queue.planned({"models": ["m"], "recipes": ["a", "b"], "seeds": [0, 1],
-                               "ablations": {"recipes": ["c"], "seeds": [0]}})
-    assert plan == [("m_a_s0", False), ("m_a_s1", False), ("m_b_s0", False), ("m_b_s1", False), ("m_c_s0", True)]
+                               "ablations": {"recipes": ["c", "d"], "seeds": [0, 1]}})
+    assert plan == [("m_a_s0", False), ("m_b_s0", False), ("m_a_s1", False), ("m_b_s1", False),
+                    ("m_c_s0", True), ("m_d_s0", True), ("m_c_s1", True), ("m_d_s1", True)]
 
 
 def test_unknown_stage_is_refused():
