@@ -311,9 +311,9 @@ def _sources_markdown(sources: list[str], commits: Mapping[str, str | None]) -> 
         return ["Sources:", *[f"- `{s}`" for s in sources]]
     made_at = sorted({c[:7] for s in sources if (c := commits.get(s))})
     lines = ["Sources, with the commit each was made at" + (
-        f": {len(made_at)} commits. Commits between them may change the arithmetic (a rerun of one seed "
-        "at another commit is not bit for bit the same run), so a difference between runs of two "
-        "commits also holds the code's." if len(made_at) > 1 else ":")]
+        f": {len(made_at)} commits. Commits between them may change a recipe's arithmetic, so a "
+        "difference between runs of two commits may also hold the code's (and no GPU run repeats "
+        "bit for bit: its kernels are not all deterministic)." if len(made_at) > 1 else ":")]
     return lines + [f"- `{s}`" + (f" ({commits[s][:7]})" if commits.get(s) else "") for s in sources]
 
 
