@@ -10,6 +10,7 @@ include: "rules/corpus.smk"
 include: "rules/microbench.smk"
 include: "rules/layer_bench.smk"
 include: "rules/memory.smk"
+include: "rules/benchmarks.smk"
 include: "rules/pretrain.smk"
 include: "rules/strategies.smk"
 include: "rules/throughput.smk"
@@ -23,13 +24,3 @@ rule all:
         ALL_RESULTS,
         TABLES,
         FIGURES,
-
-
-# The device benchmarks alone (kernels, the linear layer, memory), e.g. on your own GPU under a
-# copy of config/gpu.yaml with another `profile:` name, to set beside the committed H200 results
-# (README, "On your own GPU").
-rule benchmarks:
-    input:
-        rules.microbench.output,
-        rules.layer_bench.output,
-        rules.memory.output,
