@@ -81,11 +81,12 @@ def git_state() -> tuple[str | None, bool | None]:
     :data:`GENERATED_PATHS` differs from the commit. A copy of the tree sent to a GPU machine is told
     them through the environment (ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY), and that wins over git: such
     a copy can carry a stale .git (one from before the commits it holds)."""
-    commit = os.environ.get("ADAHOP_GIT_COMMIT") or _git("rev-parse", "HEAD")
-    if os.environ.get("ADAHOP_GIT_COMMIT") and not re.fullmatch(r"[0-9a-f]{40}", commit):
+    told = os.environ.get("ADAHOP_GIT_COMMIT")
+    if told and not re.fullmatch(r"[0-9a-f]{40}", told):
         # A short or typed hash cannot be checked where it is used (the device has no history): two
         # sessions stamped results with hashes no commit has ('efbcdb1f', 'b2d30a4b').
-        raise ValueError(f"ADAHOP_GIT_COMMIT must be a full 40-hex commit (git rev-parse HEAD), got {commit!r}")
+        raise ValueError(f"ADAHOP_GIT_COMMIT must be a full 40-hex commit (git rev-parse HEAD), got {told!r}")
+    commit = told or _git("rev-parse", "HEAD")
     dirty = _env_flag("ADAHOP_GIT_DIRTY")
     if dirty is None:
         status = _git("status", "--porcelain", "--untracked-files=no", "--", ".",

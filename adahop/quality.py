@@ -56,7 +56,7 @@ def _mean(values: list[float]) -> float | None:
 
 def run_seed(record: Mapping[str, Any]) -> int:
     """The seed of a pretraining record, from its ``name`` ``<model>_<recipe>_s<seed>``."""
-    return int(str(record["name"]).rsplit("_s", 1)[1])
+    return split_run_name(str(record["name"]))[2]
 
 
 def paired_gap_points(pretrain: Iterable[Mapping[str, Any]], reference: str = REFERENCE) -> list[dict[str, Any]]:
@@ -210,6 +210,13 @@ def _num(x: float | None, digits: int = 3, signed: bool = False) -> str:
 def run_name(model: str, recipe: str, seed: int | str) -> str:
     """A run's name as the workflow and ``experiments/pretrain.py`` spell it."""
     return f"{model}_{recipe}_s{seed}"
+
+
+def split_run_name(name: str) -> tuple[str, str, int]:
+    """``(model, recipe, seed)`` of a :func:`run_name` (model names hold no ``_``, recipes no ``_s``)."""
+    model, rest = name.split("_", 1)
+    recipe, seed = rest.rsplit("_s", 1)
+    return model, recipe, int(seed)
 
 
 def progress(planned: Iterable[str], pretrain: Iterable[Mapping[str, Any]],

@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from adahop.provenance import REPO_ROOT, read_results
-from adahop.quality import progress, run_name
+from adahop.quality import progress, run_name, split_run_name
 
 # What each stage took on the H200 (results/logs/h200-*: memory 370 s at f36af21, before the run-map
 # records added three 125m models, about 40 s more).
@@ -91,13 +91,13 @@ def main(argv: list[str] | None = None) -> int:
         queues[i].append(f"stage:{stage}")
         load_s[i] += args.stage_s if args.stage_s is not None else STAGE_S[stage]
     for run, _ in todo:
-        recipe = run.split("_", 1)[1].rsplit("_s", 1)[0]
+        _, recipe, seed = split_run_name(run)
         need = seconds.get(recipe, seconds["*"])
         i = load_s.index(min(load_s))
         if load_s[i] + need > args.seconds:
             later.append(run)
             continue
-        queues[i].append(f"{recipe}:{run.rsplit('_s', 1)[1]}")
+        queues[i].append(f"{recipe}:{seed}")
         load_s[i] += need
     print(f"{len(state['evaluated'])} of {len(plan)} planned runs are evaluated; {len(todo)} to run "
           f"({sum(a for _, a in todo)} ablations)")
