@@ -25,7 +25,9 @@ measured beside its peers; tokens/s, MFU and peak memory cover the timed steps o
 
 SIGTERM (``timeout``, Slurm, ``torchrun`` forwarding its own) ends training at the next step
 boundary: that step is checkpointed and the script exits with status 75 (EX_TEMPFAIL); the same
-command resumes there. A second SIGTERM ends the process at once.
+command resumes there. ``timeout`` sends its SIGTERM twice, to the process and then to its process
+group (torchrun's ranks get theirs and the launcher's): a repeat within a few seconds is the same
+request; a SIGTERM after that ends the process at once.
 
 Settings come from the ``pretrain`` section of the profile: every key that is a field of
 :class:`adahop.train.TrainConfig` is a default, the command line overrides it; ``compile_recipes``
@@ -40,6 +42,7 @@ import dataclasses
 import gc
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,16 +71,27 @@ EXIT_STOPPED = 75
 
 class StopOnSignal:
     """While installed, SIGTERM asks the watched trainer to stop after its current step
-    (:meth:`Trainer.request_stop`); a second SIGTERM gets the default action (the process ends)."""
+    (:meth:`Trainer.request_stop`). A repeat within ``repeat_grace_s`` of the first is the same
+    request (``timeout`` signals the process and then its group, so every process gets two in a
+    row; resetting the handler on the first made the second kill the run before its checkpoint
+    whenever the handler ran between them); a later one gets the default action (the process ends)."""
 
-    def __init__(self) -> None:
+    def __init__(self, repeat_grace_s: float = 5.0) -> None:
         self.reason: str | None = None
         self.trainer: Trainer | None = None
+        self.repeat_grace_s = repeat_grace_s
+        self.first_at: float | None = None
         self.previous = signal.signal(signal.SIGTERM, self._handle)
 
     def _handle(self, signum: int, frame: Any) -> None:
+        now = time.monotonic()
+        if self.first_at is not None:
+            if now - self.first_at > self.repeat_grace_s:
+                signal.signal(signum, signal.SIG_DFL)
+                signal.raise_signal(signum)
+            return
+        self.first_at = now
         self.reason = f"signal {signal.Signals(signum).name}"
-        signal.signal(signum, signal.SIG_DFL)
         if self.trainer is not None:
             self.trainer.request_stop(self.reason)
 
@@ -90,8 +104,11 @@ class StopOnSignal:
 
     def restore(self) -> None:
         """Put the previous handler back and let the trainer go (its DDP reducer must be freed
-        before the process group is destroyed, not at interpreter exit, where gloo deadlocks)."""
-        signal.signal(signal.SIGTERM, self.previous)
+        before the process group is destroyed, not at interpreter exit, where gloo deadlocks).
+        After a SIGTERM the handler stays: the process is ending on it, and a repeat still due
+        must not kill it before it exits with its status."""
+        if self.first_at is None:
+            signal.signal(signal.SIGTERM, self.previous)
         self.trainer = None
 
 

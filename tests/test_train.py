@@ -191,6 +191,24 @@ def test_cli_sigterm_stops_at_a_step_boundary_with_a_checkpoint(corpus, profile,
     assert "the same command resumes there" in stderr
 
 
+def test_repeated_sigterm_is_one_request_and_a_late_one_ends_the_process():
+    """``timeout`` signals the process and then its group: the second SIGTERM, arriving after the
+    handler ran for the first (raise_signal runs it at once), is the same request, not a kill; one
+    well after the first gets the default action and the process ends at once."""
+    code = (f"import importlib.util, signal, time\n"
+            f"spec = importlib.util.spec_from_file_location('p', {str(SCRIPT)!r})\n"
+            f"m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
+            f"stop = m.StopOnSignal(repeat_grace_s=0.5)\n"
+            f"signal.raise_signal(signal.SIGTERM); signal.raise_signal(signal.SIGTERM)\n"
+            f"print('repeat ignored:', stop.reason, flush=True)\n"
+            f"time.sleep(1.0)\n"
+            f"signal.raise_signal(signal.SIGTERM)\n"
+            f"print('survived the late one', flush=True)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "repeat ignored: signal SIGTERM\n", proc.stderr
+    assert proc.returncode == -signal.SIGTERM, proc.stderr
+
+
 @pytest.mark.distributed
 def test_torchrun_sigterm_stops_every_rank_at_one_checkpointed_step(corpus, profile, tmp_path):
     """torchrun passes its SIGTERM to the ranks; they agree on the step and rank 0 saves it."""
