@@ -10,9 +10,13 @@
 # One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; see RUNS_PER_GPU): the runs it works through in order,
 # each by scripts/h200_pretrain.sh with the time left in this call. A run resumes from its checkpoint
 # (a warm machine keeps them between calls); one that cannot finish is stopped at the deadline by
-# SIGTERM, which checkpoints its last step; its lm-eval starts only with EVAL_MIN_S (default 200)
-# seconds left, else the next call does it. A run whose eval result exists is skipped, so the same
-# command, called again while the machine is warm, continues where the last call stopped.
+# SIGTERM, which checkpoints its last step; its lm-eval starts only with EVAL_MIN_S seconds left,
+# else the next call does it (default 200). With NO_NEW_RUNS=1 (the last call: there is no next one,
+# and a deferred eval is lost with the machine, as 125m_adahop-exact-bf16_s0's was in session 9 with
+# 191 s left) the default is 130: lm-eval took 110-176 s on the H200 (results/logs/h200-*), and an
+# eval that runs out costs only time no later call could use. A run whose eval result exists is
+# skipped, so the same command, called again while the machine is warm, continues where the last
+# call stopped.
 #
 # Everything the runs wrote so far (QUEUE_DIR, kept on the machine) comes back as one archive,
 # $OUT/queue.tar.gz (a call brings back at most 8 files), beside $OUT/queue.log: per run
@@ -24,7 +28,8 @@
 #                 room for a stopped run's checkpoint and the archive)
 #   NO_NEW_RUNS=1 only continue runs that have a checkpoint (the session's last call: a run started
 #                 then is lost when the machine goes back); stages still start (see STAGE_MIN_S)
-#   EVAL_MIN_S, KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
+#   EVAL_MIN_S    (default 200, 130 with NO_NEW_RUNS=1: see above)
+#   KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
 #   QUEUE_DIR     where the runs' files collect (default /tmp/adahop_queue)
 #   MIN_LEFT_S    a GPU starts its next run only with this many seconds left (default 60)
 #   RUNS_PER_GPU  queues that share one GPU (default 1): queue i runs on GPU i / RUNS_PER_GPU. Meant
@@ -49,6 +54,10 @@ RUNS_PER_GPU=${RUNS_PER_GPU:-1}
 QUEUE_DIR=${QUEUE_DIR:-/tmp/adahop_queue}
 OUT=${OUT:-/tmp/out}
 START=$SECONDS
+if [ -z "${EVAL_MIN_S:-}" ]; then  # see the header
+  EVAL_MIN_S=200
+  [ "${NO_NEW_RUNS:-0}" = 1 ] && EVAL_MIN_S=130
+fi
 # A campaign stage an item may name, and the results file that marks it done.
 declare -A STAGE_FILE=([microbench]=kernels.json [layers]=layers.json [memory]=memory.json [patterns]=patterns.json.gz
   [strategies]=strategies.done)
@@ -106,14 +115,14 @@ work() {  # queue index, its items
     fi
     note "$who: $run (${left}s left)"
     CUDA_VISIBLE_DEVICES=$gpu ADAHOP_RUNS_PER_GPU=$RUNS_PER_GPU OUT="$QUEUE_DIR/out" DEADLINE_S=$left EVAL_RESERVE_S=0 \
-      EVAL_MIN_S=${EVAL_MIN_S:-200} KILL_AFTER_S=${KILL_AFTER_S:-20} RESUME_ONLY=${NO_NEW_RUNS:-0} \
+      EVAL_MIN_S=$EVAL_MIN_S KILL_AFTER_S=${KILL_AFTER_S:-20} RESUME_ONLY=${NO_NEW_RUNS:-0} \
       bash scripts/h200_pretrain.sh "$recipe" "$seed" >>"$QUEUE_DIR/gpu$q.txt" 2>&1
     note "$who: $run rc $? ($(grep -h '^=== .* \(train\|eval\): rc' "$QUEUE_DIR/out/$run.log" | tail -2 \
       | sed 's/^=== [^ ]* [^ ]* +[0-9]*s //' | tr '\n' ' '))"
   done
 }
 
-note "start: $# queue(s), $RUNS_PER_GPU per GPU, deadline ${DEADLINE_S}s, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
+note "start: $# queue(s), $RUNS_PER_GPU per GPU, deadline ${DEADLINE_S}s, lm-eval from ${EVAL_MIN_S}s left, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
 q=0
 for queue in "$@"; do
   touch "$QUEUE_DIR/gpu$q.txt"

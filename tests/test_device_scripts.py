@@ -171,9 +171,11 @@ def test_queue_works_through_each_gpu_list_and_the_next_call_continues(bundle, t
         assert json.loads(files[f"out/{run}.eval.json"])["records"]
     steps = [json.loads(line)["step"] for line in files["out/tiny_mxfp4_s0.metrics.jsonl"].decode().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
-    # third call: nothing is left to do
-    third = run_script(tmp_path, bundle_dir, config, *queues, script=QUEUE)
+    assert "lm-eval from 100000s left" in first.stdout and "lm-eval from 200s left" in second.stdout
+    # third call, the session's last: nothing is left to do; lm-eval would start with less time left
+    third = run_script(tmp_path, bundle_dir, config, *queues, script=QUEUE, NO_NEW_RUNS="1")
     assert third.returncode == 0 and "gpu 0: tiny" not in third.stdout and "gpu 1: tiny" not in third.stdout
+    assert "lm-eval from 130s left" in third.stdout
     assert "evaluated so far: tiny_bf16_s0 tiny_bf16_s1 tiny_mxfp4_s0" in third.stdout
 
 
