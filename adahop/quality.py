@@ -156,9 +156,32 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
                 reference + "_sd": _spread(list(theirs.values())),
             }
         row["gap_curve"] = _gap_curve(gap_points[key])
+        row["train_time"] = _train_time([r for r in pretrain if (r["model"], r["recipe"]) == key])
         rows.append(row)
     _add_paired(rows, reference)
     return rows
+
+
+def _train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Where the training time of one recipe's one-GPU runs went (their ``train_s``, ``step_s`` and
+    ``calibration``, ``adahop.train.step_times``): per seed, and the mean over seeds of each;
+    ``multi_gpu``: the seeds left out for running on more than one GPU (a step's time is then another
+    set-up's)."""
+    per_seed: dict[str, dict[str, float | None]] = {}
+    multi = []
+    for r in records:
+        if r.get("train_s") is None:
+            continue
+        if int(r.get("world_size") or 1) > 1:
+            multi.append(run_seed(r))
+            continue
+        cal = r.get("calibration") or {}
+        per_seed[str(run_seed(r))] = {"train_s": r["train_s"], "step_s": r["step_s"], "calibration_steps": cal.get("steps"),
+                                      "calibration_s": cal.get("s"), "calibration_share": cal.get("share"),
+                                      "after_s": cal.get("after_s")}
+    mean = {k: _mean([v[k] for v in per_seed.values() if v[k] is not None])
+            for k in ("train_s", "step_s", "calibration_steps", "calibration_s", "calibration_share", "after_s")}
+    return {"per_seed": dict(sorted(per_seed.items())), **mean, "multi_gpu": sorted(multi)}
 
 
 def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
@@ -307,10 +330,35 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
         lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | " + " | ".join(cells) + f" | {tasks} |")
     lines += _paired_markdown(rows, reference)
     lines += _gap_curve_markdown(rows, reference)
+    lines += _train_time_markdown(rows)
     if progress_state is not None:
         lines += _progress_markdown(progress_state)
     lines += ["", *_sources_markdown(list(sources), commits or {}), ""]
     return "\n".join(lines)
+
+
+def _train_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
+    timed = [r for r in rows if r["train_time"]["per_seed"]]
+    if not timed:
+        return []
+    lines = ["", "## Where the training time went", "",
+             "Each cell: mean over the recipe's one-GPU runs (`adahop.train.step_times`, from each run's per-step",
+             "throughput; held-out evaluation and checkpoints left out). Median step: over the steps after the",
+             "first outside calibration. Calibration: the steps in which the layers observe their operands",
+             "(`calibration_steps`, again every `recalibration_interval`), their time above the median step, and",
+             "its share of the training time; step after: the time above the median step of the first step",
+             "with newly fixed strategies (their kernels compile, or load from the machine's cache, then).", "",
+             "| model | recipe | seeds | training (s) | median step (s) | calibration steps | calibration (s) | share | step after (s) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in timed:
+        t = r["train_time"]
+        seeds = ", ".join(t["per_seed"]) + (f" (left out, on several GPUs: {', '.join(map(str, t['multi_gpu']))})"
+                                            if t["multi_gpu"] else "")
+        steps = "—" if t["calibration_steps"] is None else f"{t['calibration_steps']:.0f}"
+        share = "—" if t["calibration_share"] is None else f"{100 * t['calibration_share']:.1f}%"
+        lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | {_num(t['train_s'], 0)} | {_num(t['step_s'], 3)} | "
+                     f"{steps} | {_num(t['calibration_s'], 1)} | {share} | {_num(t['after_s'], 1)} |")
+    return lines
 
 
 def _sources_markdown(sources: list[str], commits: Mapping[str, str | None]) -> list[str]:

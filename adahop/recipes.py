@@ -138,6 +138,23 @@ class Recipe:
         if self.measure_tokens < 32 or self.measure_tokens % 32:
             raise ValueError(f"recipe {self.name!r}: measure_tokens must be a positive multiple of 32")
 
+    def calibration_windows(self, total_steps: int) -> list[tuple[int, int]]:
+        """The optimizer steps in which this recipe's layers observe their operands, as inclusive
+        ``(first, last)`` ranges of 1-based steps up to ``total_steps``: the first
+        ``calibration_steps``, and with ``recalibration_interval`` I the ``calibration_steps`` after
+        each step C + k·I (k >= 1), the schedule of :meth:`QuantLinear.on_optimizer_step`. Empty for a
+        recipe with fixed strategies."""
+        if self.policy is None or total_steps < 1:
+            return []
+        c, interval = self.calibration_steps, self.recalibration_interval
+        windows = [(1, min(c, total_steps))]
+        k = 1
+        while interval and c + k * interval < total_steps:
+            start = c + k * interval + 1
+            windows.append((start, min(start + c - 1, total_steps)))
+            k += 1
+        return windows
+
     @property
     def fixed_strategies(self) -> dict[str, Strategy] | None:
         return None if self.policy else {s: getattr(self, s) for s in SLOTS}

@@ -586,10 +586,49 @@ class Trainer:
         return self.history
 
 
-def summarize(history: list[dict[str, Any]], points: int = 20) -> dict[str, Any]:
+def step_times(history: list[dict[str, Any]], calibration_windows: Iterable[tuple[int, int]] = ()) -> dict[str, Any]:
+    """Where a run's training time went, from its metrics records: each logged interval's seconds
+    are its tokens over its tokens/s (the trainer's clock leaves held-out evaluation and checkpoints
+    out). ``train_s``: all steps. ``step_s``: the median seconds per step over the intervals after
+    the first that touch no calibration window nor the step after one. With ``calibration_windows``
+    (``Recipe.calibration_windows``: inclusive 1-based step ranges in which the layers observe their
+    operands), ``calibration``: the windows, their steps, ``s`` (their time above ``step_s``) and
+    ``after_s`` (the time above ``step_s`` of the step after each window, the first with the newly
+    fixed strategies: their kernels compile or load from the cache then), each also as a share of
+    ``train_s``; None for a recipe that does not calibrate. Approximate where an interval spans
+    more than one step (the log interval): its time is spread evenly over its steps."""
+    windows = [(int(a), int(b)) for a, b in calibration_windows]
+    in_window = lambda step: any(a <= step <= b for a, b in windows)  # noqa: E731
+    after_window = {b + 1 for _, b in windows}
+    per_step: list[tuple[int, float]] = []  # (step, seconds), an interval's time spread over its steps
+    prev_step = prev_tokens = 0
+    for r in history:
+        if "loss" not in r or not r.get("tokens_per_s") or r["step"] <= prev_step:
+            continue
+        n = r["step"] - prev_step
+        seconds = (r["tokens"] - prev_tokens) / r["tokens_per_s"]
+        per_step += [(prev_step + i + 1, seconds / n) for i in range(n)]
+        prev_step, prev_tokens = r["step"], r["tokens"]
+    if not per_step:
+        return {"train_s": None, "step_s": None, "calibration": None}
+    train_s = sum(t for _, t in per_step)
+    plain = [t for step, t in per_step[1:] if not in_window(step) and step not in after_window]
+    step_s = statistics.median(plain) if plain else statistics.median(t for _, t in per_step)
+    calibration = None
+    if windows:
+        cal_s = sum(t - step_s for step, t in per_step if in_window(step))
+        after_s = sum(t - step_s for step, t in per_step if step in after_window)
+        calibration = {"windows": [list(w) for w in windows], "steps": sum(in_window(s) for s, _ in per_step),
+                       "s": cal_s, "share": cal_s / train_s, "after_s": after_s, "after_share": after_s / train_s}
+    return {"train_s": train_s, "step_s": step_s, "calibration": calibration}
+
+
+def summarize(history: list[dict[str, Any]], points: int = 20,
+              calibration_windows: Iterable[tuple[int, int]] = ()) -> dict[str, Any]:
     """Headline numbers of a run from its metrics records: final and best held-out loss, tokens,
     median tokens/s and MFU over the log intervals after the first (compilation and warm-up),
-    peak memory, and the training-loss curve at about ``points`` evenly spaced steps."""
+    peak memory, the training-loss curve at about ``points`` evenly spaced steps, and where the
+    training time went (:func:`step_times`, with the recipe's ``calibration_windows``)."""
     train = [r for r in history if "loss" in r and "tokens_per_s" in r]
     val = [r for r in history if r.get("val_loss") is not None]
     steady = train[1:] or train
@@ -607,6 +646,7 @@ def summarize(history: list[dict[str, Any]], points: int = 20) -> dict[str, Any]
         "peak_mem_gib": max(r["peak_mem_gib"] for r in train) if train else None,
         "loss_curve": [{"step": r["step"], "loss": r["loss"]} for r in train[::every]],
         "val_curve": [{"step": r["step"], "val_loss": r["val_loss"]} for r in val],
+        **step_times(history, calibration_windows),
     }
 
 

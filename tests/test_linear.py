@@ -602,6 +602,17 @@ def test_recalibration_observes_under_the_current_strategies_then_refixes():
     assert list(exported.values())[0]["fixed_at"] == layer.fixed_at
 
 
+@pytest.mark.parametrize("steps", [1, 3, 10, 11, 14])
+def test_calibration_windows_are_the_steps_the_layers_observe(steps):
+    """Recipe.calibration_windows (the pretraining results' time accounting) follows the layers' own
+    schedule: 1-based steps 1-2, then 7-8, 11-12 for calibration_steps=2, recalibration_interval=4."""
+    model = recalibrating_model()
+    observing = [i + 1 for i, (phase, _) in enumerate(train_steps(model, steps)) if phase != "fixed"]
+    windows = model[0].recipe.calibration_windows(steps)
+    assert [s for a, b in windows for s in range(a, b + 1)] == observing
+    assert get_recipe("mxfp4").calibration_windows(steps) == []
+
+
 def test_resume_mid_recalibration_continues_its_votes():
     uninterrupted = recalibrating_model()
     train_steps(uninterrupted, 10)

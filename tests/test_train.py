@@ -27,6 +27,7 @@ from adahop.train import (
     TrainingStopped,
     WarmupCosine,
     corpus_batches,
+    step_times,
     summarize,
 )
 
@@ -103,6 +104,35 @@ def test_bf16_recipe_learns_and_logs(corpus, tmp_path):
     summary = summarize(history)
     assert summary["final_val_loss"] == vals[-1] and summary["best_val_loss"] == min(vals)
     assert [c.name for c in trainer.checkpoints()] == ["step_00000020.pt", "step_00000024.pt"]
+
+
+def timed_rows(seconds: dict[int, float], log_every: int = 1, tokens_per_step: int = 100) -> list[dict]:
+    """Metrics rows whose steps took ``seconds`` (step → s), logged every ``log_every`` steps."""
+    rows, last = [], 0
+    for step in range(log_every, max(seconds) + 1, log_every):
+        took = sum(seconds[s] for s in range(last + 1, step + 1))
+        rows.append({"step": step, "tokens": step * tokens_per_step, "loss": 1.0,
+                     "tokens_per_s": (step - last) * tokens_per_step / took})
+        last = step
+    return rows
+
+
+def test_step_times_split_calibration_and_the_step_after_it_from_plain_steps():
+    # step 1 compiles (5 s), steps 2-4 calibrate (3 s), step 5 is the first after (4 s), the rest 1 s
+    seconds = {1: 5.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 4.0, **{s: 1.0 for s in range(6, 13)}}
+    history = [*timed_rows(seconds), {"step": 12, "event": "stopped", "reason": "test"}]
+    out = step_times(history, [(2, 4)])
+    assert out["train_s"] == pytest.approx(25.0) and out["step_s"] == pytest.approx(1.0)
+    cal = out["calibration"]
+    assert cal["windows"] == [[2, 4]] and cal["steps"] == 3
+    assert cal["s"] == pytest.approx(6.0) and cal["after_s"] == pytest.approx(3.0)
+    assert cal["share"] == pytest.approx(6.0 / 25.0)
+    assert step_times(history)["calibration"] is None  # a recipe that does not calibrate
+    # logged every 2 steps: an interval's time is spread over its steps
+    coarse = step_times(timed_rows(seconds, log_every=2), [(2, 4)])
+    assert coarse["train_s"] == pytest.approx(25.0) and coarse["step_s"] == pytest.approx(1.0)
+    assert coarse["calibration"]["steps"] == 3
+    assert step_times([]) == {"train_s": None, "step_s": None, "calibration": None}
 
 
 def test_resume_after_kill_continues_the_same_loss_curve(corpus, tmp_path):
