@@ -165,15 +165,16 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
 def _train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Where the training time of one recipe's one-GPU runs went (their ``train_s``, ``step_s`` and
     ``calibration``, ``adahop.train.step_times``): per seed, and the mean over seeds of each;
-    ``multi_gpu``: the seeds left out for running on more than one GPU (a step's time is then another
-    set-up's)."""
+    ``left_out``: seed → why its run is not counted (it ran on several GPUs, ``world_size``, or shared
+    its GPU with another run, ``runs_per_gpu``: a step's time is then another set-up's)."""
     per_seed: dict[str, dict[str, float | None]] = {}
-    multi = []
+    left_out = {}
     for r in records:
         if r.get("train_s") is None:
             continue
-        if int(r.get("world_size") or 1) > 1:
-            multi.append(run_seed(r))
+        if int(r.get("world_size") or 1) > 1 or int(r.get("runs_per_gpu") or 1) > 1:
+            left_out[str(run_seed(r))] = (f"{r['world_size']} GPUs" if int(r.get("world_size") or 1) > 1
+                                          else f"{r['runs_per_gpu']} runs on one GPU")
             continue
         cal = r.get("calibration") or {}
         per_seed[str(run_seed(r))] = {"train_s": r["train_s"], "step_s": r["step_s"], "calibration_steps": cal.get("steps"),
@@ -181,7 +182,7 @@ def _train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
                                       "after_s": cal.get("after_s")}
     mean = {k: _mean([v[k] for v in per_seed.values() if v[k] is not None])
             for k in ("train_s", "step_s", "calibration_steps", "calibration_s", "calibration_share", "after_s")}
-    return {"per_seed": dict(sorted(per_seed.items())), **mean, "multi_gpu": sorted(multi)}
+    return {"per_seed": dict(sorted(per_seed.items())), **mean, "left_out": dict(sorted(left_out.items()))}
 
 
 def _add_paired(rows: list[dict[str, Any]], reference: str) -> None:
@@ -338,7 +339,7 @@ def markdown(rows: list[dict[str, Any]], sources: Iterable[str], reference: str 
 
 
 def _train_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
-    timed = [r for r in rows if r["train_time"]["per_seed"]]
+    timed = [r for r in rows if r["train_time"]["per_seed"] or r["train_time"]["left_out"]]
     if not timed:
         return []
     lines = ["", "## Where the training time went", "",
@@ -352,8 +353,8 @@ def _train_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in timed:
         t = r["train_time"]
-        seeds = ", ".join(t["per_seed"]) + (f" (left out, on several GPUs: {', '.join(map(str, t['multi_gpu']))})"
-                                            if t["multi_gpu"] else "")
+        seeds = (", ".join(t["per_seed"]) or "none") + "".join(f" (s{seed} left out: {why})"
+                                                              for seed, why in t["left_out"].items())
         steps = "—" if t["calibration_steps"] is None else f"{t['calibration_steps']:.0f}"
         share = "—" if t["calibration_share"] is None else f"{100 * t['calibration_share']:.1f}%"
         lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | {_num(t['train_s'], 0)} | {_num(t['step_s'], 3)} | "

@@ -33,7 +33,10 @@ def main(argv: list[str] | None = None) -> int:
             if "task" in r:
                 evals.append(r)
             elif "final_val_loss" in r:
-                pretrain.append(r)
+                # runs that shared their GPU with another (scripts/h200_queue.sh RUNS_PER_GPU) say so
+                # in the provenance: their step times are not one GPU's
+                shared = (doc["provenance"].get("backend_env") or {}).get("ADAHOP_RUNS_PER_GPU")
+                pretrain.append({**r, "runs_per_gpu": int(shared or 1)})
             else:
                 raise ValueError(f"{path}: a record that is neither pretraining nor lm-eval: {sorted(r)[:8]}")
     rows = quality_rows(pretrain, evals)

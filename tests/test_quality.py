@@ -52,6 +52,28 @@ def test_mean_accuracy_counts_only_tasks_every_seed_and_bf16_have():
     assert acc["gap_to_bf16"] == pytest.approx((0.55 + 0.5) / 2 - (0.6 + 0.4) / 2)
 
 
+def timed(recipe, seed, train_s, step_s, calibration=None, **kw):
+    return {**pretrain(recipe, seed, 3.0), "train_s": train_s, "step_s": step_s, "calibration": calibration, **kw}
+
+
+def test_training_time_counts_one_gpu_runs_alone_and_says_which_are_left_out():
+    cal = lambda s, share: {"windows": [[1, 30]], "steps": 30, "s": s, "share": share, "after_s": 10.0}  # noqa: E731
+    runs = [timed("bf16", 0, 240.0, 0.14), timed("adahop", 1, 600.0, 0.30, cal(90.0, 0.15)),
+            timed("adahop", 2, 500.0, 0.28, cal(70.0, 0.14)),
+            timed("adahop", 0, 575.0, 0.28, cal(78.0, 0.13), world_size=2),  # DDP: another set-up
+            timed("mxfp4", 2, 690.0, 0.42, runs_per_gpu=2),  # shared its GPU
+            pretrain("mxfp4", 0, 3.1)]  # an older record without step times
+    rows = {r["recipe"]: r["train_time"] for r in quality_rows(runs, [])}
+    assert rows["adahop"]["train_s"] == pytest.approx(550.0) and rows["adahop"]["calibration_s"] == pytest.approx(80.0)
+    assert list(rows["adahop"]["per_seed"]) == ["1", "2"] and rows["adahop"]["left_out"] == {"0": "2 GPUs"}
+    assert rows["bf16"]["calibration_s"] is None and rows["bf16"]["step_s"] == pytest.approx(0.14)
+    assert rows["mxfp4"]["per_seed"] == {} and rows["mxfp4"]["left_out"] == {"2": "2 runs on one GPU"}
+    text = markdown(quality_rows(runs, []), ["a.json"])
+    assert "| 125m | adahop | 1, 2 (s0 left out: 2 GPUs) | 550 | 0.290 | 30 | 80.0 | 14.5% | 10.0 |" in text
+    assert "| 125m | mxfp4 | none (s2 left out: 2 runs on one GPU) | — | — | — | — | — | — |" in text
+    assert "Where the training time went" not in markdown(quality_rows([pretrain("bf16", 0, 3.0)], []), [])
+
+
 def test_markdown_shows_means_gaps_and_sources():
     rows = quality_rows([pretrain("bf16", 0, 3.0), pretrain("bf16", 1, 3.2), pretrain("tseng", 0, 3.5)], [])
     text = markdown(rows, ["a.json"])
