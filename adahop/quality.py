@@ -177,11 +177,12 @@ def _train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
                                           else f"{r['runs_per_gpu']} runs on one GPU")
             continue
         cal = r.get("calibration") or {}
-        per_seed[str(run_seed(r))] = {"train_s": r["train_s"], "step_s": r["step_s"], "calibration_steps": cal.get("steps"),
+        per_seed[str(run_seed(r))] = {"train_s": r["train_s"], "step_s": r["step_s"], "first_s": r.get("first_s"),
+                                      "calibration_steps": cal.get("steps"),
                                       "calibration_s": cal.get("s"), "calibration_share": cal.get("share"),
                                       "after_s": cal.get("after_s")}
     mean = {k: _mean([v[k] for v in per_seed.values() if v[k] is not None])
-            for k in ("train_s", "step_s", "calibration_steps", "calibration_s", "calibration_share", "after_s")}
+            for k in ("train_s", "step_s", "first_s", "calibration_steps", "calibration_s", "calibration_share", "after_s")}
     return {"per_seed": dict(sorted(per_seed.items())), **mean, "left_out": dict(sorted(left_out.items()))}
 
 
@@ -345,12 +346,13 @@ def _train_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["", "## Where the training time went", "",
              "Each cell: mean over the recipe's one-GPU runs (`adahop.train.step_times`, from each run's per-step",
              "throughput; held-out evaluation and checkpoints left out). Median step: over the steps after the",
-             "first outside calibration. Calibration: the steps in which the layers observe their operands",
-             "(`calibration_steps`, again every `recalibration_interval`), their time above the median step, and",
-             "its share of the training time; step after: the time above the median step of the first step",
-             "with newly fixed strategies (their kernels compile, or load from the machine's cache, then).", "",
-             "| model | recipe | seeds | training (s) | median step (s) | calibration steps | calibration (s) | share | step after (s) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "first outside calibration. First step: its time above the median step (compilation, autotuning).",
+             "Calibration: the steps in which the layers observe their operands (`calibration_steps`, again every",
+             "`recalibration_interval`), their time above the median step (the first step left out), and its",
+             "share of the training time; step after: the time above the median step of the first step with",
+             "newly fixed strategies (their kernels compile, or load from the machine's cache, then).", "",
+             "| model | recipe | seeds | training (s) | median step (s) | first step (s) | calibration steps | calibration (s) | share | step after (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in timed:
         t = r["train_time"]
         seeds = (", ".join(t["per_seed"]) or "none") + "".join(f" (s{seed} left out: {why})"
@@ -358,6 +360,7 @@ def _train_time_markdown(rows: list[dict[str, Any]]) -> list[str]:
         steps = "—" if t["calibration_steps"] is None else f"{t['calibration_steps']:.0f}"
         share = "—" if t["calibration_share"] is None else f"{100 * t['calibration_share']:.1f}%"
         lines.append(f"| {r['model']} | {r['recipe']} | {seeds} | {_num(t['train_s'], 0)} | {_num(t['step_s'], 3)} | "
+                     f"{_num(t['first_s'], 1)} | "
                      f"{steps} | {_num(t['calibration_s'], 1)} | {share} | {_num(t['after_s'], 1)} |")
     return lines
 

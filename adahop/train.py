@@ -590,13 +590,15 @@ def step_times(history: list[dict[str, Any]], calibration_windows: Iterable[tupl
     """Where a run's training time went, from its metrics records: each logged interval's seconds
     are its tokens over its tokens/s (the trainer's clock leaves held-out evaluation and checkpoints
     out). ``train_s``: all steps. ``step_s``: the median seconds per step over the intervals after
-    the first that touch no calibration window nor the step after one. With ``calibration_windows``
-    (``Recipe.calibration_windows``: inclusive 1-based step ranges in which the layers observe their
-    operands), ``calibration``: the windows, their steps, ``s`` (their time above ``step_s``) and
-    ``after_s`` (the time above ``step_s`` of the step after each window, the first with the newly
-    fixed strategies: their kernels compile or load from the cache then), each also as a share of
-    ``train_s``; None for a recipe that does not calibrate. Approximate where an interval spans
-    more than one step (the log interval): its time is spread evenly over its steps."""
+    the first that touch no calibration window nor the step after one. ``first_s``: the first
+    logged step's time above ``step_s`` (compilation, autotuning, allocator warm-up). With
+    ``calibration_windows`` (``Recipe.calibration_windows``: inclusive 1-based step ranges in which
+    the layers observe their operands), ``calibration``: the windows, their steps, ``s`` (their
+    time above ``step_s``, the first logged step left to ``first_s``) and ``after_s`` (the time
+    above ``step_s`` of the step after each window, the first with the newly fixed strategies:
+    their kernels compile or load from the cache then), each also as a share of ``train_s``; None
+    for a recipe that does not calibrate. Approximate where an interval spans more than one step
+    (the log interval): its time is spread evenly over its steps."""
     windows = [(int(a), int(b)) for a, b in calibration_windows]
     in_window = lambda step: any(a <= step <= b for a, b in windows)  # noqa: E731
     after_window = {b + 1 for _, b in windows}
@@ -610,17 +612,18 @@ def step_times(history: list[dict[str, Any]], calibration_windows: Iterable[tupl
         per_step += [(prev_step + i + 1, seconds / n) for i in range(n)]
         prev_step, prev_tokens = r["step"], r["tokens"]
     if not per_step:
-        return {"train_s": None, "step_s": None, "calibration": None}
+        return {"train_s": None, "step_s": None, "first_s": None, "calibration": None}
     train_s = sum(t for _, t in per_step)
     plain = [t for step, t in per_step[1:] if not in_window(step) and step not in after_window]
     step_s = statistics.median(plain) if plain else statistics.median(t for _, t in per_step)
     calibration = None
     if windows:
-        cal_s = sum(t - step_s for step, t in per_step if in_window(step))
-        after_s = sum(t - step_s for step, t in per_step if step in after_window)
+        rest = per_step[1:]
+        cal_s = sum(t - step_s for step, t in rest if in_window(step))
+        after_s = sum(t - step_s for step, t in rest if step in after_window)
         calibration = {"windows": [list(w) for w in windows], "steps": sum(in_window(s) for s, _ in per_step),
                        "s": cal_s, "share": cal_s / train_s, "after_s": after_s, "after_share": after_s / train_s}
-    return {"train_s": train_s, "step_s": step_s, "calibration": calibration}
+    return {"train_s": train_s, "step_s": step_s, "first_s": per_step[0][1] - step_s, "calibration": calibration}
 
 
 def summarize(history: list[dict[str, Any]], points: int = 20,

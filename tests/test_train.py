@@ -118,21 +118,22 @@ def timed_rows(seconds: dict[int, float], log_every: int = 1, tokens_per_step: i
 
 
 def test_step_times_split_calibration_and_the_step_after_it_from_plain_steps():
-    # step 1 compiles (5 s), steps 2-4 calibrate (3 s), step 5 is the first after (4 s), the rest 1 s
+    # steps 1-4 calibrate (3 s; step 1 also compiles: 5 s), step 5 is the first after (4 s), the rest 1 s
     seconds = {1: 5.0, 2: 3.0, 3: 3.0, 4: 3.0, 5: 4.0, **{s: 1.0 for s in range(6, 13)}}
     history = [*timed_rows(seconds), {"step": 12, "event": "stopped", "reason": "test"}]
-    out = step_times(history, [(2, 4)])
+    out = step_times(history, [(1, 4)])
     assert out["train_s"] == pytest.approx(25.0) and out["step_s"] == pytest.approx(1.0)
+    assert out["first_s"] == pytest.approx(4.0)  # the first step's compilation, not calibration's
     cal = out["calibration"]
-    assert cal["windows"] == [[2, 4]] and cal["steps"] == 3
+    assert cal["windows"] == [[1, 4]] and cal["steps"] == 4
     assert cal["s"] == pytest.approx(6.0) and cal["after_s"] == pytest.approx(3.0)
     assert cal["share"] == pytest.approx(6.0 / 25.0)
     assert step_times(history)["calibration"] is None  # a recipe that does not calibrate
     # logged every 2 steps: an interval's time is spread over its steps
-    coarse = step_times(timed_rows(seconds, log_every=2), [(2, 4)])
+    coarse = step_times(timed_rows(seconds, log_every=2), [(1, 4)])
     assert coarse["train_s"] == pytest.approx(25.0) and coarse["step_s"] == pytest.approx(1.0)
-    assert coarse["calibration"]["steps"] == 3
-    assert step_times([]) == {"train_s": None, "step_s": None, "calibration": None}
+    assert coarse["calibration"]["steps"] == 4
+    assert step_times([]) == {"train_s": None, "step_s": None, "first_s": None, "calibration": None}
 
 
 def test_resume_after_kill_continues_the_same_loss_curve(corpus, tmp_path):
