@@ -7,7 +7,10 @@ results under ``results/{pretrain,eval}/<profile>/``; a run lacking either is to
 the start (a device session keeps no checkpoint for the next). Each run's time is estimated from
 the committed runs of its recipe: the training tokens over their median tokens/s, times
 ``--overhead`` (start-up, held-out evaluations, checkpoints: 1.25 measured on the H200), plus
-``--eval-s`` for lm-eval; a recipe without runs takes the median over the quantized recipes. Main
+``--eval-s`` for lm-eval; a recipe without runs takes the median over the quantized recipes. A
+policy recipe adds its calibrating steps (``Recipe.calibration_windows`` under the profile's
+``recipe_overrides``) times what a calibrating step cost above a plain one in the committed runs
+(their ``calibration``; 2.5 s on the H200 at 125m): the median tokens/s leave it out. Main
 runs go first, then ablations, each to the GPU with the least work so far (stages first, at
 ``--stage-s`` each). Prints one queue string per GPU (the h200_queue.sh arguments), its estimated
 seconds, and the runs that would not fit ``--seconds`` per GPU (the next session's).
@@ -24,6 +27,7 @@ import yaml
 
 from adahop.provenance import REPO_ROOT, read_results
 from adahop.quality import progress, run_name, split_run_name
+from adahop.recipes import get_recipe
 
 # What each stage took on the H200 (results/logs/h200-*: memory 370 s at f36af21, before the run-map
 # records added three 125m models, about 40 s more).
@@ -57,6 +61,20 @@ def run_seconds(pretrain_records: list[dict], tokens: int, overhead: float, eval
     return out
 
 
+def calibration_step_s(pretrain_records: list[dict], default: float = 2.5) -> float:
+    """The median seconds a calibrating step took above a plain one, over the committed one-GPU runs
+    that calibrate (their ``calibration``, ``adahop.train.step_times``); ``default`` without any."""
+    per_step = [r["calibration"]["s"] / r["calibration"]["steps"] for r in pretrain_records
+                if r.get("calibration") and r["calibration"]["steps"] and int(r.get("world_size") or 1) == 1]
+    return statistics.median(per_step) if per_step else default
+
+
+def calibrating_steps(recipe: str, pretrain: dict) -> int:
+    """How many steps of the profile's runs of ``recipe`` calibrate (0 for a fixed recipe)."""
+    windows = get_recipe(recipe, **(pretrain.get("recipe_overrides") or {})).calibration_windows(pretrain["steps"])
+    return sum(b - a + 1 for a, b in windows)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, default=REPO_ROOT / "config" / "gpu.yaml")
@@ -82,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     todo = [(run, ablation) for run, ablation in plan if run not in state["evaluated"]]
     tokens = pretrain["steps"] * pretrain["batch_size"] * pretrain["seq_len"]
     seconds = run_seconds(records["pretrain"], tokens, args.overhead, args.eval_s)
+    per_cal_step = calibration_step_s(records["pretrain"])
 
     queues: list[list[str]] = [[] for _ in range(args.gpus)]
     load_s = [0.0] * args.gpus
@@ -92,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         load_s[i] += args.stage_s if args.stage_s is not None else STAGE_S[stage]
     for run, _ in todo:
         _, recipe, seed = split_run_name(run)
-        need = seconds.get(recipe, seconds["*"])
+        need = seconds.get(recipe, seconds["*"]) + calibrating_steps(recipe, pretrain) * per_cal_step
         i = load_s.index(min(load_s))
         if load_s[i] + need > args.seconds:
             later.append(run)

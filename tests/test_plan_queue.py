@@ -64,3 +64,16 @@ def test_the_queue_guards_each_stage_with_at_least_the_plans_estimate():
     guard = {k: int(v) for k, v in re.findall(r"\[(\w+)\]=(\d+)", re.search(r"STAGE_MIN_S=\((.*)\)", text).group(1))}
     assert set(guard) == set(plan_queue.STAGE_S)
     assert all(guard[stage] >= seconds for stage, seconds in plan_queue.STAGE_S.items()), (guard, plan_queue.STAGE_S)
+
+
+def test_a_recipe_that_calibrates_more_is_given_its_calibrating_steps():
+    pretrain = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())["pretrain"]
+    # 30 calibration steps (the profile's recipe_overrides), again every 250 steps for adahop-recal
+    assert plan_queue.calibrating_steps("mxfp4", pretrain) == 0
+    assert plan_queue.calibrating_steps("adahop", pretrain) == 30
+    assert plan_queue.calibrating_steps("adahop-recal", pretrain) == 30 * (1 + (pretrain["steps"] - 31) // 250)
+    runs = [{"calibration": {"s": 75.0, "steps": 30}}, {"calibration": {"s": 60.0, "steps": 30}},
+            {"calibration": {"s": 10.0, "steps": 30}, "world_size": 2},  # DDP: another set-up, left out
+            {"calibration": None}]
+    assert plan_queue.calibration_step_s(runs) == pytest.approx(2.25)
+    assert plan_queue.calibration_step_s([{"calibration": None}], default=2.5) == 2.5
