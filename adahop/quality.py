@@ -156,13 +156,21 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
                 reference + "_sd": _spread(list(theirs.values())),
             }
         row["gap_curve"] = _gap_curve(gap_points[key])
-        row["train_time"] = _train_time([r for r in pretrain if (r["model"], r["recipe"]) == key])
+        row["train_time"] = train_time([r for r in pretrain if (r["model"], r["recipe"]) == key])
         rows.append(row)
     _add_paired(rows, reference)
     return rows
 
 
-def _train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
+def with_gpu_sharing(record: Mapping[str, Any], provenance: Mapping[str, Any]) -> dict[str, Any]:
+    """A pretraining record with ``runs_per_gpu`` from its file's provenance: runs that shared their
+    GPU with others (``scripts/h200_queue.sh`` RUNS_PER_GPU, ``backend_env`` ADAHOP_RUNS_PER_GPU)
+    have step times that are not one GPU's."""
+    shared = (provenance.get("backend_env") or {}).get("ADAHOP_RUNS_PER_GPU")
+    return {**record, "runs_per_gpu": int(shared or 1)}
+
+
+def train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Where the training time of one recipe's one-GPU runs went (their ``train_s``, ``step_s`` and
     ``calibration``, ``adahop.train.step_times``): per seed, and the mean over seeds of each;
     ``left_out``: seed → why its run is not counted (it ran on several GPUs, ``world_size``, or shared
@@ -177,12 +185,14 @@ def _train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
                                           else f"{r['runs_per_gpu']} runs on one GPU")
             continue
         cal = r.get("calibration") or {}
-        per_seed[str(run_seed(r))] = {"train_s": r["train_s"], "step_s": r["step_s"], "first_s": r.get("first_s"),
+        per_seed[str(run_seed(r))] = {"steps": r.get("steps"), "train_s": r["train_s"], "step_s": r["step_s"],
+                                      "first_s": r.get("first_s"),
                                       "calibration_steps": cal.get("steps"),
                                       "calibration_s": cal.get("s"), "calibration_share": cal.get("share"),
                                       "after_s": cal.get("after_s")}
     mean = {k: _mean([v[k] for v in per_seed.values() if v[k] is not None])
-            for k in ("train_s", "step_s", "first_s", "calibration_steps", "calibration_s", "calibration_share", "after_s")}
+            for k in ("steps", "train_s", "step_s", "first_s", "calibration_steps", "calibration_s", "calibration_share",
+                      "after_s")}
     return {"per_seed": dict(sorted(per_seed.items())), **mean, "left_out": dict(sorted(left_out.items()))}
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from adahop.provenance import atomic_write_text, read_results, table_script_args, write_results
-from adahop.quality import markdown, progress, quality_rows
+from adahop.quality import markdown, progress, quality_rows, with_gpu_sharing
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,10 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             if "task" in r:
                 evals.append(r)
             elif "final_val_loss" in r:
-                # runs that shared their GPU with another (scripts/h200_queue.sh RUNS_PER_GPU) say so
-                # in the provenance: their step times are not one GPU's
-                shared = (doc["provenance"].get("backend_env") or {}).get("ADAHOP_RUNS_PER_GPU")
-                pretrain.append({**r, "runs_per_gpu": int(shared or 1)})
+                pretrain.append(with_gpu_sharing(r, doc["provenance"]))
             else:
                 raise ValueError(f"{path}: a record that is neither pretraining nor lm-eval: {sorted(r)[:8]}")
     rows = quality_rows(pretrain, evals)

@@ -183,6 +183,7 @@ FIGURES = {
     "fig6_lm_eval": "eval_results",
     "fig7_e2e_throughput": "throughput_results",
     "fig8_strategy_map": "strategies_results",
+    "fig9_train_time": "pretrain_results",
 }
 
 
