@@ -1,6 +1,6 @@
 """Add where the training time went (``adahop.train.step_times``: ``train_s``, ``step_s``,
-``calibration``) to committed pretraining results made before the records carried it, from the
-run's own committed metrics log.
+``first_s``, ``calibration``) to committed pretraining results made before the records carried it,
+from the run's own committed metrics log.
 
     python scripts/backfill_step_times.py [--profile gpu] [--dry-run]
 
