@@ -44,7 +44,7 @@ from __future__ import annotations
 import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -150,8 +150,7 @@ class SharedInputQuantization:
     ) -> tuple[MXFP4Tensor | None, MXFP4Tensor | None]:
         if not self.enabled:
             return _quantize_dual(x, along_last, along_first, emit_fp8)
-        key = (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
-               x._version, _spec_key(along_last), _spec_key(along_first), emit_fp8)
+        key = (*_tensor_key(x), _spec_key(along_last), _spec_key(along_first), emit_fp8)
         if key == self.key:  # self.src holds that storage, so its address cannot have been reused
             return self.out
         self.clear()  # drop the old copies before making new ones
@@ -164,6 +163,44 @@ class SharedInputQuantization:
 
 
 shared_input = SharedInputQuantization()
+
+
+def _tensor_key(x: torch.Tensor) -> tuple:
+    """What makes ``x`` the same tensor as one seen before: storage, offset, shape, strides, dtype,
+    device and in-place version (valid only while that tensor is held, so its memory is not reused)."""
+    return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
+            x._version)
+
+
+class SharedInputLabel:
+    """Label a forward input's outlier pattern once for the sibling layers that read it, while they
+    calibrate: the same tensor (keyed as :class:`SharedInputQuantization` keys it) and the same
+    detector give the same label, so q/k/v and gate/up detect their input once instead of three and
+    two times (the detector's medians dominate a calibrating step). The last input is held until the
+    next replaces it or a backward starts. ``enabled = False`` turns it off."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.src: torch.Tensor | None = None
+        self.label: str | None = None
+
+    def __call__(self, detector: Callable[[torch.Tensor], str], x: torch.Tensor) -> str:
+        if not self.enabled:
+            return detector(x)
+        key = (*_tensor_key(x), detector)
+        if key != self.key:  # self.src holds the keyed storage, so a match is that very tensor
+            self.clear()
+            self.label = detector(x)
+            self.key, self.src = key, x
+        return self.label
+
+    def clear(self) -> None:
+        self.key = self.src = self.label = None
+
+
+shared_label = SharedInputLabel()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,6 +457,7 @@ class QuantLinearFunction(torch.autograd.Function):
         plan = ctx.plan
         s, k = plan.strategies, plan.k
         shared_input.clear()  # the forward is over: its last input need not outlive it
+        shared_label.clear()
         xc, xs, wc, ws, w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, sample_idx, x_sample = ctx.saved_tensors
         g = gy.contiguous()
         if plan.weight is not None:  # weight_for_backward="param": W again, in the forward's dtype
@@ -585,7 +623,7 @@ class QuantLinear(nn.Linear):
     def _observe_forward(self, x: torch.Tensor, w: torch.Tensor, xp: torch.Tensor, plan: CallPlan) -> None:
         detect = self.recipe.detector
         with torch.no_grad():
-            self._collecting.vote("x", detect(x))
+            self._collecting.vote("x", shared_label(detect, x))
             self._collecting.vote("w", detect(w))
             if plan.sample_idx is not None:
                 self._collecting.add_errors(

@@ -235,6 +235,33 @@ def test_sibling_layers_share_the_quantization_of_their_input(recipe, overrides,
         assert torch.equal(a, b)  # the same values, bit for bit
 
 
+def test_calibrating_siblings_label_their_shared_input_once(monkeypatch):
+    """q/k/v read one input: calibrating, they detect its pattern once, and vote as if each had."""
+    from adahop import linear
+    from adahop.patterns import PatternDetector
+
+    x = planted_outliers(96, 64, n_cols=2, col_factor=20, seed=0).requires_grad_()
+
+    def run(enabled):
+        monkeypatch.setattr(linear.SharedInputLabel, "enabled", enabled)
+        shapes, real = [], PatternDetector.__call__
+
+        def counting(self, t):
+            shapes.append(tuple(t.shape))
+            return real(self, t)
+
+        monkeypatch.setattr(PatternDetector, "__call__", counting)
+        torch.manual_seed(0)
+        m = adahop.convert(Siblings(), "adahop", calibration_steps=2)
+        m(x).square().sum().backward()
+        return shapes.count((96, 64)), {n: l.calibration.votes for n, l in m.named_children()}
+
+    n_shared, votes_shared = run(True)
+    n_alone, votes_alone = run(False)
+    assert n_shared == 1 + 1 and n_alone == 3 + 1  # x once (three times alone), and q's grad_output (96x64)
+    assert votes_shared == votes_alone and votes_shared["q"]["x"]["col"] == 1
+
+
 def test_shared_input_is_requantized_after_an_in_place_change():
     a, b = (adahop.convert(nn.Linear(64, 64), "uniform-iht") for _ in range(2))
     x = torch.randn(64, 64)
