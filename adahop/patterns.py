@@ -89,9 +89,14 @@ class PatternDetector:
         if self.cross_normalize:
             # Median |x| of a line ignores the few outlier entries crossing it, so dividing by it
             # removes the other axis's outliers without touching this axis's. Zero medians (sparse
-            # lines) divide by 1.
-            col_med = xf.abs().median(dim=0).values
-            row_med = xf.abs().median(dim=1).values
+            # lines) divide by 1. The medians are taken in x's own dtype (an order statistic of
+            # |x| is one of its values, and widening keeps the order: the same numbers as in fp32,
+            # with half the radix passes for bf16) and each over a contiguous line (the columns
+            # through a transposed copy: torch's per-line selection reads a strided line one
+            # element at a time).
+            a = x.detach().abs()
+            col_med = a.t().contiguous().median(dim=1).values.float()
+            row_med = a.median(dim=1).values.float()
             col_med = torch.where(col_med > 0, col_med, torch.ones_like(col_med))
             row_med = torch.where(row_med > 0, row_med, torch.ones_like(row_med))
             row_ms = (xf / col_med).square().mean(dim=1)

@@ -75,6 +75,31 @@ def test_detection_switches_on_at_the_threshold(axis):
     assert rate(4.5) == 1.0
 
 
+def reference_scores(x: torch.Tensor) -> tuple[float, float]:
+    """The statistic as the module docstring defines it, written out in fp32."""
+    xf = x.float()
+    col_med, row_med = xf.abs().median(dim=0).values, xf.abs().median(dim=1).values
+    col_med = torch.where(col_med > 0, col_med, torch.ones_like(col_med))
+    row_med = torch.where(row_med > 0, row_med, torch.ones_like(row_med))
+    row_rms, col_rms = (xf / col_med).square().mean(dim=1).sqrt(), (xf / row_med[:, None]).square().mean(dim=0).sqrt()
+    def ratio(v):
+        peak, mid = v.max().item(), v.median().item()
+        return 1.0 if peak == 0 else peak / mid if mid > 0 else float("inf")
+
+    return ratio(row_rms), ratio(col_rms)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("shape", [(96, 64), (64, 97), (256, 33)])
+def test_scores_are_the_statistic_exactly_in_every_dtype(dtype, shape):
+    """Medians taken in the operand's own dtype, over contiguous lines: the same numbers as fp32."""
+    detector = PatternDetector()
+    for seed, kw in enumerate([{}, {"n_rows": 3, "row_factor": 30}, {"n_cols": 2, "col_factor": 50}]):
+        x = planted_outliers(*shape, seed=seed, **kw).to(dtype)
+        x[0, : shape[1] // 2 + 1] = 0  # a line whose median is 0, and ties
+        assert detector.scores(x) == reference_scores(x)
+
+
 def test_transpose_swaps_the_label():
     x = planted_outliers(*SHAPE, n_cols=4, col_factor=20, seed=1)
     det = PatternDetector()
