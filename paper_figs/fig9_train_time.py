@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_ylim(len(rows) - 0.5, -0.5)
         longest = max((t["train_s"] for _, t in rows if t["per_seed"]), default=1.0)
         ax.set_xlim(0, 1.3 * longest)
-        ax.set_xlabel("seconds of training steps (mean over one-GPU runs; held-out evaluation and checkpoints left out)")
+        ax.set_xlabel("seconds of training steps (mean over single-device runs; held-out evaluation and checkpoints left out)")
         ax.set_title(f"{model}")
         ax.grid(axis="y", visible=False)
     handles, labels = axes[0, 0].get_legend_handles_labels()
