@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((f"{recipe} ({common.seeds_label(len(t['per_seed']))}{mode}{note})", t))
         for y, (label, t) in enumerate(rows):
             if not t["per_seed"]:
-                ax.text(0.01, y, "no one-GPU run", transform=ax.get_yaxis_transform(), va="center",
+                ax.text(0.01, y, "no single-device run", transform=ax.get_yaxis_transform(), va="center",
                         fontsize="small", color="dimgray", style="italic")
                 continue
             left = 0.0
