@@ -126,78 +126,59 @@ def _spec_key(spec: "QuantSpec | None") -> tuple | None:
     return spec.hadamard, spec.rounding, spec.draw_seed, spec.signs_seed, spec.hadamard_size
 
 
-class SharedInputQuantization:
-    """Quantize a forward input once for the sibling layers that read it (q/k/v, gate/up).
-
-    Sibling layers get the same tensor (the norm's output). When the next layer quantizes that same
-    tensor — same storage, offset, shape, strides, dtype and in-place version — with specs that give
-    the same result (:func:`_spec_key`), it gets the copies already made: the same values, one read
-    of X instead of three, and one saved MXFP4 copy of X for backward instead of three, as a fused
-    QKV projection would have. The last source is held (so its memory cannot be reused under a
-    matching key) until the next input replaces it or a backward starts. ``enabled = False`` turns
-    it off.
-    """
+class _LastInputCache:
+    """What was computed from the last forward input, kept for the sibling layers that read the same
+    tensor (the norm's output feeds q/k/v and gate/up): same storage, offset, shape, strides, dtype
+    and in-place version, and the same ``extra`` key (what else the result depends on). The last
+    input is held, so its memory cannot be reused under a matching key, until the next input
+    replaces it or a backward starts (:meth:`clear`). ``enabled = False`` (per subclass) turns it off."""
 
     enabled = True
 
     def __init__(self) -> None:
         self.key: tuple | None = None
         self.src: torch.Tensor | None = None
-        self.out: tuple[MXFP4Tensor | None, MXFP4Tensor | None] | None = None
+        self.out: Any = None
 
-    def quantize(
-        self, x: torch.Tensor, along_last: "QuantSpec | None", along_first: "QuantSpec | None", emit_fp8: bool
-    ) -> tuple[MXFP4Tensor | None, MXFP4Tensor | None]:
+    def cached(self, x: torch.Tensor, extra: tuple, compute: Callable[[], Any]) -> Any:
         if not self.enabled:
-            return _quantize_dual(x, along_last, along_first, emit_fp8)
-        key = (*_tensor_key(x), _spec_key(along_last), _spec_key(along_first), emit_fp8)
-        if key == self.key:  # self.src holds that storage, so its address cannot have been reused
-            return self.out
-        self.clear()  # drop the old copies before making new ones
-        self.out = _quantize_dual(x, along_last, along_first, emit_fp8)
-        self.key, self.src = key, x
+            return compute()
+        key = (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
+               x._version, *extra)
+        if key != self.key:  # self.src holds the keyed storage, so a match is that very tensor
+            self.clear()  # drop the old result before making the new one
+            self.out = compute()
+            self.key, self.src = key, x
         return self.out
 
     def clear(self) -> None:
         self.key = self.src = self.out = None
 
 
+class SharedInputQuantization(_LastInputCache):
+    """Quantize a forward input once for the sibling layers that read it (q/k/v, gate/up): with
+    specs that give the same result (:func:`_spec_key`) the next layer gets the copies already made:
+    the same values, one read of X instead of three, and one saved MXFP4 copy of X for backward
+    instead of three, as a fused QKV projection would have."""
+
+    def quantize(
+        self, x: torch.Tensor, along_last: "QuantSpec | None", along_first: "QuantSpec | None", emit_fp8: bool
+    ) -> tuple[MXFP4Tensor | None, MXFP4Tensor | None]:
+        return self.cached(x, (_spec_key(along_last), _spec_key(along_first), emit_fp8),
+                           lambda: _quantize_dual(x, along_last, along_first, emit_fp8))
+
+
 shared_input = SharedInputQuantization()
 
 
-def _tensor_key(x: torch.Tensor) -> tuple:
-    """What makes ``x`` the same tensor as one seen before: storage, offset, shape, strides, dtype,
-    device and in-place version (valid only while that tensor is held, so its memory is not reused)."""
-    return (x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape), x.stride(), x.dtype, x.device,
-            x._version)
-
-
-class SharedInputLabel:
+class SharedInputLabel(_LastInputCache):
     """Label a forward input's outlier pattern once for the sibling layers that read it, while they
-    calibrate: the same tensor (keyed as :class:`SharedInputQuantization` keys it) and the same
-    detector give the same label, so q/k/v and gate/up detect their input once instead of three and
-    two times (the detector's medians dominate a calibrating step). The last input is held until the
-    next replaces it or a backward starts. ``enabled = False`` turns it off."""
-
-    enabled = True
-
-    def __init__(self) -> None:
-        self.key: tuple | None = None
-        self.src: torch.Tensor | None = None
-        self.label: str | None = None
+    calibrate: the same tensor and the same detector give the same label, so q/k/v and gate/up
+    detect their input once instead of three and two times (the detector's medians dominate a
+    calibrating step)."""
 
     def __call__(self, detector: Callable[[torch.Tensor], str], x: torch.Tensor) -> str:
-        if not self.enabled:
-            return detector(x)
-        key = (*_tensor_key(x), detector)
-        if key != self.key:  # self.src holds the keyed storage, so a match is that very tensor
-            self.clear()
-            self.label = detector(x)
-            self.key, self.src = key, x
-        return self.label
-
-    def clear(self) -> None:
-        self.key = self.src = self.label = None
+        return self.cached(x, (detector,), lambda: detector(x))
 
 
 shared_label = SharedInputLabel()
