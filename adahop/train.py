@@ -314,7 +314,8 @@ class Trainer:
         with torch.device(self.device):
             model = Llama(self.model_config)
         # The recipe derives its stochastic rounding and random signs from the run's seed.
-        self.model = adahop.convert(model, cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides})
+        self.recipe = adahop.get_recipe(cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides})
+        self.model = adahop.convert(model, self.recipe)
         self.runner: nn.Module = torch.compile(self.model) if cfg.compile else self.model
         self.ddp: nn.Module = self.runner
         if self.dist.world_size > 1:

@@ -54,7 +54,6 @@ from adahop.data import read_meta
 from adahop.linear import strategy_fixes
 from adahop.model import REFERENCE_VOCAB, export_hf
 from adahop.provenance import check_replaceable, write_results
-from adahop.recipes import get_recipe
 from adahop.train import (
     RandomTokenBatches,
     TrainConfig,
@@ -193,8 +192,7 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         "segments": trainer.segments,
         # when calibrating layers fixed their strategies (again, for a recalibrating recipe), and to what
         "strategy_fixes": strategy_fixes(trainer.model),
-        **summarize(history, calibration_windows=get_recipe(
-            cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides}).calibration_windows(trainer.total_steps)),
+        **summarize(history, calibration_windows=trainer.recipe.calibration_windows(trainer.total_steps)),
     }
     write_results(results, [record], config={**dataclasses.asdict(cfg), "data": str(args.data)},
                   seed=cfg.seed, device=trainer.device)
