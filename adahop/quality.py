@@ -170,6 +170,16 @@ def with_gpu_sharing(record: Mapping[str, Any], provenance: Mapping[str, Any]) -
     return {**record, "runs_per_gpu": int(shared or 1)}
 
 
+def shared_device(record: Mapping[str, Any]) -> str | None:
+    """Why a pretraining record's step times are not one device's (it ran on several GPUs, or shared
+    its GPU with another run: :func:`with_gpu_sharing`), or None."""
+    if int(record.get("world_size") or 1) > 1:
+        return f"{record['world_size']} GPUs"
+    if int(record.get("runs_per_gpu") or 1) > 1:
+        return f"{record['runs_per_gpu']} runs on one GPU"
+    return None
+
+
 def train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Where the training time of one recipe's one-GPU runs went (their ``train_s``, ``step_s`` and
     ``calibration``, ``adahop.train.step_times``): per seed, and the mean over seeds of each;
@@ -180,9 +190,9 @@ def train_time(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     for r in records:
         if r.get("train_s") is None:
             continue
-        if int(r.get("world_size") or 1) > 1 or int(r.get("runs_per_gpu") or 1) > 1:
-            left_out[str(run_seed(r))] = (f"{r['world_size']} GPUs" if int(r.get("world_size") or 1) > 1
-                                          else f"{r['runs_per_gpu']} runs on one GPU")
+        why = shared_device(r)
+        if why:
+            left_out[str(run_seed(r))] = why
             continue
         cal = r.get("calibration") or {}
         per_seed[str(run_seed(r))] = {"steps": r.get("steps"), "train_s": r["train_s"], "step_s": r["step_s"],

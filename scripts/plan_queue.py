@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from adahop.provenance import REPO_ROOT, read_results
-from adahop.quality import progress, run_name, split_run_name
+from adahop.quality import progress, run_name, shared_device, split_run_name, with_gpu_sharing
 from adahop.recipes import get_recipe
 
 # What each stage took on the H200 (results/logs/h200-*: memory 370 s at f36af21, before the run-map
@@ -45,7 +45,9 @@ def planned(pretrain: dict) -> list[tuple[str, bool]]:
 
 
 def load(folder: Path) -> list[dict]:
-    return [rec for path in sorted(folder.glob("*.json")) for rec in read_results(path)["records"]]
+    """The records of every results file in ``folder``, each with ``runs_per_gpu`` (:func:`with_gpu_sharing`)."""
+    return [with_gpu_sharing(rec, doc["provenance"]) for path in sorted(folder.glob("*.json"))
+            for doc in [read_results(path)] for rec in doc["records"]]
 
 
 def run_seconds(pretrain_records: list[dict], tokens: int, overhead: float, eval_s: float) -> dict[str, float]:
@@ -62,10 +64,11 @@ def run_seconds(pretrain_records: list[dict], tokens: int, overhead: float, eval
 
 
 def calibration_step_s(pretrain_records: list[dict], default: float = 2.5) -> float:
-    """The median seconds a calibrating step took above a plain one, over the committed one-GPU runs
-    that calibrate (their ``calibration``, ``adahop.train.step_times``); ``default`` without any."""
+    """The median seconds a calibrating step took above a plain one, over the committed runs that
+    calibrate on a device of their own (their ``calibration``, ``adahop.train.step_times``; the quality
+    table's rule, ``shared_device``); ``default`` without any."""
     per_step = [r["calibration"]["s"] / r["calibration"]["steps"] for r in pretrain_records
-                if r.get("calibration") and r["calibration"]["steps"] and int(r.get("world_size") or 1) == 1]
+                if r.get("calibration") and r["calibration"]["steps"] and shared_device(r) is None]
     return statistics.median(per_step) if per_step else default
 
 

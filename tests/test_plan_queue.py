@@ -74,6 +74,7 @@ def test_a_recipe_that_calibrates_more_is_given_its_calibrating_steps():
     assert plan_queue.calibrating_steps("adahop-recal", pretrain) == 30 * (1 + (pretrain["steps"] - 31) // 250)
     runs = [{"calibration": {"s": 75.0, "steps": 30}}, {"calibration": {"s": 60.0, "steps": 30}},
             {"calibration": {"s": 10.0, "steps": 30}, "world_size": 2},  # DDP: another set-up, left out
+            {"calibration": {"s": 200.0, "steps": 30}, "runs_per_gpu": 2},  # shared its GPU: left out
             {"calibration": None}]
     assert plan_queue.calibration_step_s(runs) == pytest.approx(2.25)
     assert plan_queue.calibration_step_s([{"calibration": None}], default=2.5) == 2.5
