@@ -66,9 +66,9 @@ def main(argv: list[str] | None = None) -> None:
                 ax.text(0.01, y, "no single-device run", transform=ax.get_yaxis_transform(), va="center",
                         fontsize="small", color="dimgray", style="italic")
                 continue
-            left = 0.0
+            left, parts = 0.0, segments(t)
             for name, key, _ in SEGMENTS:
-                width = segments(t)[key]
+                width = parts[key]
                 ax.barh(y, width, left=left, height=0.7, color=colours[key], label=name)
                 left += width
             ax.text(left, y, f"  {t['train_s']:.0f} s · median step {t['step_s']:.3g} s", va="center", fontsize="small")
