@@ -221,6 +221,84 @@ def extract_outliers(
 
 
 # ---------------------------------------------------------------------------------------------
+# Pattern statistics (adahop.patterns): line medians of |x|, scaled mean squares
+
+
+def abs_median_ref(x: torch.Tensor) -> torch.Tensor:
+    """Reference of :func:`abs_median`: ``torch.median`` of ``|x|`` over each row (made contiguous)."""
+    check_float_matrix(x)
+    if x.shape[1] == 0:
+        raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no median")
+    # In x's own dtype (an order statistic of |x| is one of its values, and widening keeps the
+    # order) and over contiguous lines (torch reads a strided line one element at a time).
+    return x.abs().contiguous().median(dim=1).values.float()
+
+
+def abs_median(x: torch.Tensor, backend: Backend | str | None = None) -> torch.Tensor:
+    """Lower median of ``|x|`` along each row of ``x (M, N)``, fp32 ``(M,)``; NaN for a row holding NaN.
+
+    x: float32/bfloat16/float16, any strides (``abs_median(x.t())``: column medians). The Triton
+    kernel is a radix select (``kernels/pattern_stats.py``), bit-identical to the reference.
+    """
+    check_float_matrix(x)
+    if resolve_backend(x.device, backend) is Backend.REFERENCE:
+        return abs_median_ref(x)
+    from adahop_kernels.pattern_stats import abs_median as kernel
+
+    return kernel(x)
+
+
+def check_scaled_mean_squares_input(x: torch.Tensor, col_div: torch.Tensor | None, row_div: torch.Tensor | None) -> None:
+    """The checks of :func:`scaled_mean_squares`: a non-empty float matrix, both divisors or none."""
+    check_float_matrix(x)
+    m, k = x.shape
+    if m == 0 or k == 0:
+        raise ValueError(f"x of shape {tuple(x.shape)} has no entries to average")
+    if (col_div is None) != (row_div is None):
+        raise ValueError("pass both col_div and row_div, or neither")
+    if col_div is not None:
+        for name, d, size in (("col_div", col_div, k), ("row_div", row_div, m)):
+            if d.shape != (size,) or d.dtype != torch.float32 or d.device != x.device:
+                raise ValueError(f"{name} must be fp32 of shape ({size},) on {x.device}, got "
+                                 f"{d.dtype} of shape {tuple(d.shape)} on {d.device}")
+
+
+def scaled_mean_squares_ref(
+    x: torch.Tensor, col_div: torch.Tensor | None = None, row_div: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reference of :func:`scaled_mean_squares`, in fp32 PyTorch."""
+    check_scaled_mean_squares_input(x, col_div, row_div)
+    xf = x.float()
+    nonfinite = (~torch.isfinite(xf)).sum()
+    if col_div is None:
+        sq = xf.square()
+        return sq.mean(dim=1), sq.mean(dim=0), nonfinite
+    return (xf / col_div).square().mean(dim=1), (xf / row_div[:, None]).square().mean(dim=0), nonfinite
+
+
+def scaled_mean_squares(
+    x: torch.Tensor,
+    col_div: torch.Tensor | None = None,
+    row_div: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(row_ms (M,), col_ms (K,), nonfinite ())`` of ``x (M, K)``: fp32 means, an int64 count.
+
+    ``row_ms[m]``: mean over row m of ``(x[m, k] / col_div[k])²``; ``col_ms[k]``: mean over column k
+    of ``(x[m, k] / row_div[m])²``; without divisors (both None) the plain mean squares.
+    ``nonfinite``: how many entries of x are NaN or ±Inf (the means are then meaningless).
+    x: float32/bfloat16/float16, any strides; the divisors fp32, on x's device. The Triton kernel
+    reads x once; its sums agree with the reference's to fp32 rounding (another order of additions).
+    """
+    check_scaled_mean_squares_input(x, col_div, row_div)
+    if resolve_backend(x.device, backend) is Backend.REFERENCE:
+        return scaled_mean_squares_ref(x, col_div, row_div)
+    from adahop_kernels.pattern_stats import scaled_mean_squares as kernel
+
+    return kernel(x, col_div, row_div)
+
+
+# ---------------------------------------------------------------------------------------------
 # MXFP4 GEMM: A · Bᵀ, one of four paths per device, always reported
 
 MM_OUT_DTYPES = (torch.bfloat16, torch.float32, torch.float16)

@@ -34,6 +34,8 @@ from typing import Literal
 
 import torch
 
+from adahop import ops
+
 Pattern = Literal["row", "col", "none"]
 PATTERNS: tuple[Pattern, ...] = ("row", "col", "none")
 _OPPOSITE = {"row": "col", "col": "row", "none": "none"}
@@ -47,8 +49,7 @@ def opposite(pattern: str) -> Pattern:
         raise ValueError(f"unknown pattern {pattern!r}; expected one of {PATTERNS}") from None
 
 
-def _max_over_median(line_rms: torch.Tensor) -> float:
-    peak, mid = line_rms.max().item(), line_rms.median().item()
+def _max_over_median(peak: float, mid: float) -> float:
     if peak == 0.0:
         return 1.0  # an all-zero operand has no outliers
     return peak / mid if mid > 0.0 else float("inf")
@@ -73,38 +74,33 @@ class PatternDetector:
         if not self.dominance >= 1.0:
             raise ValueError(f"dominance must be >= 1, got {self.dominance}")
 
-    def scores(self, x: torch.Tensor) -> tuple[float, float]:
+    def scores(self, x: torch.Tensor, backend: str | None = None) -> tuple[float, float]:
         """``(row_score, col_score)`` of ``x (M, K)``: max/median of the per-row / per-column RMS.
 
         Equivalent to ``rms_rows.max() / rms_rows.median()`` (and for columns) when
         ``cross_normalize`` is off. Raises ValueError for non-2-D input or NaN/Inf values.
+        ``backend``: which :mod:`adahop.ops` backend computes the line statistics (default: by
+        x's device, :func:`adahop.backend.resolve_backend`); one host sync either way.
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"pattern detection takes a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 2 or x.shape[0] < 2 or x.shape[1] < 2:
             raise ValueError(f"pattern detection takes a 2-D tensor with >= 2 rows and columns, got {tuple(x.shape)}")
-        xf = x.detach().float()
-        if not torch.isfinite(xf).all():
-            raise ValueError("pattern detection got NaN or Inf values")
+        x = x.detach()
+        divisors = ()
         if self.cross_normalize:
             # Median |x| of a line ignores the few outlier entries crossing it, so dividing by it
             # removes the other axis's outliers without touching this axis's. Zero medians (sparse
-            # lines) divide by 1. The medians are taken in x's own dtype (an order statistic of
-            # |x| is one of its values, and widening keeps the order: the same numbers as in fp32,
-            # with half the radix passes for bf16) and each over a contiguous line (the columns
-            # through a transposed copy: torch's per-line selection reads a strided line one
-            # element at a time).
-            a = x.detach().abs()
-            col_med = a.t().contiguous().median(dim=1).values.float()
-            row_med = a.median(dim=1).values.float()
-            col_med = torch.where(col_med > 0, col_med, torch.ones_like(col_med))
-            row_med = torch.where(row_med > 0, row_med, torch.ones_like(row_med))
-            row_ms = (xf / col_med).square().mean(dim=1)
-            col_ms = (xf / row_med[:, None]).square().mean(dim=0)
-        else:
-            sq = xf.square()
-            row_ms, col_ms = sq.mean(dim=1), sq.mean(dim=0)
-        return _max_over_median(row_ms.sqrt()), _max_over_median(col_ms.sqrt())
+            # lines) divide by 1; NaN ones too (NaN input is refused below, after one sync).
+            meds = (ops.abs_median(x.t(), backend), ops.abs_median(x, backend))
+            divisors = tuple(torch.where(m > 0, m, torch.ones_like(m)) for m in meds)
+        row_ms, col_ms, nonfinite = ops.scaled_mean_squares(x, *divisors, backend=backend)
+        row_rms, col_rms = row_ms.sqrt(), col_ms.sqrt()
+        stats = torch.stack([nonfinite.float(), row_rms.max(), row_rms.median(), col_rms.max(), col_rms.median()])
+        n_bad, row_peak, row_mid, col_peak, col_mid = stats.tolist()
+        if n_bad:
+            raise ValueError("pattern detection got NaN or Inf values")
+        return _max_over_median(row_peak, row_mid), _max_over_median(col_peak, col_mid)
 
     def __call__(self, x: torch.Tensor) -> Pattern:
         """The label of ``x (M, K)``. Equivalent to :func:`decide` applied to :meth:`scores`."""

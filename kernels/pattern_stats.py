@@ -1,0 +1,209 @@
+"""The pattern detector's two statistics, as kernels: exact line medians of ``|x|`` and scaled mean squares.
+
+``adahop.patterns.PatternDetector`` scores an operand ``x (M, K)`` by the RMS of its rows and
+columns after dividing each column by its median ``|x|`` and each row by its own. In PyTorch that
+is two ``torch.median(dim=1)`` (each sorts every line) and half a dozen fp32 elementwise passes:
+on the H200 the detector ran at 19-31 GB/s on the activation shapes, 0.2x its own plain-RMS
+variant (``results/microbench/gpu/kernels.json`` at 5779bdd), and AdaHOP's calibrating steps
+label every layer's x, w and grad_output.
+
+**Medians** (:func:`abs_median`). A median is an order statistic, so it needs counting rather
+than sorting. The magnitude bits of a float (sign bit cleared) order like the values, so the lower
+median of a line of ``n`` is the key ``v`` with at most ``r`` keys below it and more than ``r`` at
+or below it, ``r = (n - 1) // 2``. It is found a digit at a time, most significant first (a radix
+select):
+
+* one pass per 4-bit digit (4 passes for bf16/fp16's 15 magnitude bits, 8 for fp32's 31);
+* each pass counts, per line, the keys below ``prefix + j·16^d`` for the 16 digits ``j`` (one read
+  of x, whatever its strides: a 2-D tile coalesces along the contiguous axis, so column medians
+  are the rows of ``x.t()``, a view, with no transposed copy);
+* the digit is the largest ``j`` whose count stays ``<= r``; PyTorch adds it to the prefix (a few
+  elementwise ops on the line count, no host sync).
+
+Long lines are split across programs (the 768 columns of a 64k-token activation give 12 line
+blocks; ~500 programs fill the GPU), each writing partial counts that PyTorch sums. The result is
+bit-identical to ``x.abs().median(dim=1).values`` (the lower median; a line holding NaN gives NaN).
+
+**Mean squares** (:func:`scaled_mean_squares`). Both axes' mean of ``(x / scale)²`` and the count
+of non-finite entries, in one read of x: each program owns a block of rows (their sums complete in
+the program) and writes its partial column sums, which PyTorch adds (no atomics: the same result
+every run). The PyTorch reference upcasts x, checks finiteness, divides and squares in separate
+passes (about 50 bytes moved per bf16 element against 2 here); the sums agree to fp32 rounding
+(the order of additions differs).
+
+tests/bench/test_bench_patterns.py times the detector built on both.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from adahop.ops import check_float_matrix, check_scaled_mean_squares_input
+from adahop_kernels._common import INTERPRETED, check_device, to_fp32
+
+RADIX_BITS = 4
+RADIX = 1 << RADIX_BITS
+# Per dtype: the integer view of its bits, the magnitude-bit mask, the number of magnitude bits, and
+# the largest finite-or-infinite key (a key above it is a NaN).
+_KEYS = {
+    torch.bfloat16: (torch.int16, 0x7FFF, 15, 0x7F80),
+    torch.float16: (torch.int16, 0x7FFF, 15, 0x7C00),
+    torch.float32: (torch.int32, 0x7FFFFFFF, 31, 0x7F800000),
+}
+
+
+@triton.jit
+def _digit_counts_kernel(
+    keys_ptr, prefix_ptr, counts_ptr, nan_ptr, L, N, stride_l, stride_n, n_per_split, shift,
+    KEY_MASK: tl.constexpr, INF_KEY: tl.constexpr, COUNT_NAN: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, RADIX: tl.constexpr,
+):
+    """counts[split, line, j] = #keys of the line (in this split) below ``prefix + j << shift``."""
+    lines = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
+    split = tl.program_id(1)
+    line_ok = lines < L
+    n_lo = split * n_per_split
+    n_hi = tl.minimum(n_lo + n_per_split, N)
+    prefix = tl.load(prefix_ptr + lines, mask=line_ok, other=0)
+    digits = tl.arange(0, RADIX)
+    counts = tl.zeros((BLOCK_L, RADIX), dtype=tl.int32)
+    n_nan = tl.zeros((BLOCK_L,), dtype=tl.int32)
+    for n0 in range(n_lo, n_hi, BLOCK_N):
+        cols = n0 + tl.arange(0, BLOCK_N)
+        ok = line_ok[:, None] & (cols < n_hi)[None, :]
+        key = tl.load(keys_ptr + lines[:, None] * stride_l + cols[None, :] * stride_n, mask=ok, other=0)
+        key = key.to(tl.int32) & KEY_MASK
+        if COUNT_NAN:
+            n_nan += tl.sum((ok & (key > INF_KEY)).to(tl.int32), axis=1)
+        # The key's digit relative to the prefix: -1 below the prefix (counted for every j), its
+        # digit if it shares the prefix's higher digits, RADIX above them or masked (never counted).
+        # Shifting the difference, not the candidate, keeps fp32's top digit inside int32.
+        diff = key - prefix[:, None]
+        dig = tl.where(diff < 0, -1, diff >> shift)
+        dig = tl.where(ok, tl.minimum(dig, RADIX), RADIX)
+        for j in tl.static_range(RADIX):
+            below = tl.sum((dig < j).to(tl.int32), axis=1)
+            counts += tl.where(digits[None, :] == j, below[:, None], 0)
+    out = counts_ptr + (split * L + lines[:, None]) * RADIX + digits[None, :]
+    tl.store(out, counts, mask=line_ok[:, None])
+    if COUNT_NAN:
+        tl.store(nan_ptr + split * L + lines, n_nan, mask=line_ok)
+
+
+def _tiles(x: torch.Tensor) -> tuple[int, int]:
+    """(BLOCK_L, BLOCK_N): 128-byte loads along whichever axis of x is contiguous."""
+    if INTERPRETED:
+        return 64, 256  # the interpreter's cost grows with programs x iterations: few, large tiles
+    row_major = x.stride(1) == 1 and x.stride(0) != 1
+    return (8, 64) if row_major else (64, 16)
+
+
+def abs_median(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+    """Lower median of ``|x|`` along each row of ``x (M, N)``, fp32 ``(M,)``; NaN for a row holding NaN.
+
+    x: float32/bfloat16/float16, any strides (``x.t()`` gives column medians without a copy).
+    ``splits``: programs along N (default: about four programs per SM on a GPU, one under the
+    interpreter). CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``. Bit-identical to
+    ``x.abs().median(dim=1).values.float()``.
+    """
+    check_float_matrix(x)
+    check_device(x, "x")
+    m, n = x.shape
+    if n == 0:
+        raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no median")
+    if m == 0:
+        return torch.empty(0, dtype=torch.float32, device=x.device)
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"splits must be a positive int, got {splits!r}")
+    key_dtype, key_mask, key_bits, inf_key = _KEYS[x.dtype]
+    block_l, block_n = _tiles(x)
+    if splits is None:
+        splits = 1
+        if not INTERPRETED:
+            want = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+            splits = max(1, min(triton.cdiv(want, triton.cdiv(m, block_l)), triton.cdiv(n, 8 * block_n)))
+    n_per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
+    splits = triton.cdiv(n, n_per_split)
+    keys = x.view(key_dtype)  # same element size: a view for any strides
+    prefix = torch.zeros(m, dtype=torch.int32, device=x.device)
+    counts = torch.empty((splits, m, RADIX), dtype=torch.int32, device=x.device)
+    nans = torch.empty((splits, m), dtype=torch.int32, device=x.device)
+    rank = (n - 1) // 2
+    grid = (triton.cdiv(m, block_l), splits)
+    top = RADIX_BITS * ((key_bits - 1) // RADIX_BITS)
+    for shift in range(top, -1, -RADIX_BITS):
+        _digit_counts_kernel[grid](
+            keys, prefix, counts, nans, m, n, keys.stride(0), keys.stride(1), n_per_split, shift,
+            KEY_MASK=key_mask, INF_KEY=inf_key, COUNT_NAN=shift == top,
+            BLOCK_L=block_l, BLOCK_N=block_n, RADIX=RADIX,
+        )
+        below = counts[0] if splits == 1 else counts.sum(dim=0, dtype=torch.int32)
+        # counts[:, 0] (keys below the prefix) is <= rank by construction, so the digit is >= 0.
+        digit = (below <= rank).sum(dim=1, dtype=torch.int32) - 1
+        prefix += digit << shift
+    values = (prefix.to(key_dtype) if key_dtype is torch.int16 else prefix).view(x.dtype).float()
+    has_nan = (nans[0] if splits == 1 else nans.sum(dim=0)) > 0
+    return values.masked_fill(has_nan, float("nan"))
+
+
+@triton.jit
+def _scaled_sq_sums_kernel(
+    x_ptr, col_div_ptr, row_div_ptr, row_out_ptr, col_part_ptr, bad_ptr, M, K, stride_m, stride_k,
+    SCALED: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Row sums of (x / col_div)² (complete), this block's column sums of (x / row_div)², non-finite count."""
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    if SCALED:
+        row_div = tl.load(row_div_ptr + rows, mask=row_ok, other=1.0)
+    row_acc = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    n_bad = tl.zeros((BLOCK_M,), dtype=tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        ok = row_ok[:, None] & col_ok[None, :]
+        v = to_fp32(tl.load(x_ptr + rows[:, None] * stride_m + cols[None, :] * stride_k, mask=ok, other=0.0))
+        n_bad += tl.sum((ok & ~(tl.abs(v) < float("inf"))).to(tl.int32), axis=1)  # NaN fails < too
+        if SCALED:
+            col_div = tl.load(col_div_ptr + cols, mask=col_ok, other=1.0)
+            by_col = v / col_div[None, :]
+            by_row = v / row_div[:, None]
+            row_acc += tl.sum(by_col * by_col, axis=1)
+            tl.store(col_part_ptr + pid * K + cols, tl.sum(by_row * by_row, axis=0), mask=col_ok)
+        else:
+            sq = v * v
+            row_acc += tl.sum(sq, axis=1)
+            tl.store(col_part_ptr + pid * K + cols, tl.sum(sq, axis=0), mask=col_ok)
+    tl.store(row_out_ptr + rows, row_acc, mask=row_ok)
+    tl.store(bad_ptr + rows, n_bad, mask=row_ok)
+
+
+def scaled_mean_squares(
+    x: torch.Tensor, col_div: torch.Tensor | None = None, row_div: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(row_ms (M,), col_ms (K,), nonfinite ())`` of ``x (M, K)``, fp32 except the int64 count.
+
+    ``row_ms[m]``: mean over row m of ``(x[m, k] / col_div[k])²``; ``col_ms[k]``: mean over column
+    k of ``(x[m, k] / row_div[m])²``; without divisors (both None) the plain mean squares.
+    ``nonfinite``: how many entries of x are NaN or ±Inf (the sums are then meaningless).
+    x: float32/bfloat16/float16, any strides; the divisors fp32, on x's device.
+    Equivalent, to fp32 rounding, to ``adahop.ops.scaled_mean_squares_ref``; the same checks.
+    """
+    check_scaled_mean_squares_input(x, col_div, row_div)
+    check_device(x, "x")
+    m, k = x.shape
+    scaled = col_div is not None
+    block_m, block_k = (64, 256) if INTERPRETED else (32, 128)
+    blocks = triton.cdiv(m, block_m)
+    row_sum = torch.empty(m, dtype=torch.float32, device=x.device)
+    col_part = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
+    bad = torch.empty(m, dtype=torch.int32, device=x.device)
+    dummy = row_sum  # never read without SCALED
+    _scaled_sq_sums_kernel[(blocks,)](
+        x, col_div if scaled else dummy, row_div if scaled else dummy, row_sum, col_part, bad,
+        m, k, x.stride(0), x.stride(1), SCALED=scaled, BLOCK_M=block_m, BLOCK_K=block_k,
+    )
+    return row_sum / k, col_part.sum(dim=0) / m, bad.sum()
