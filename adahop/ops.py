@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import os
 
 import torch
 
@@ -234,13 +235,26 @@ def abs_median_ref(x: torch.Tensor) -> torch.Tensor:
     return x.abs().contiguous().median(dim=1).values.float()
 
 
+# Which backend :func:`abs_median` uses when neither its caller nor ADAHOP_BACKEND names one. On
+# the H200 the detector on the first radix-select kernel (4-bit digits, a reduction per digit and
+# tile) ran at 9-11 GB/s against 20-29 GB/s on torch.median (results/microbench/gpu/kernels.json
+# at bf486af, peer torch-reference), so the default stays torch.median on every device until the
+# present kernel (2-bit digits, elementwise counters, one launch per digit) is measured faster by
+# the same benchmark's peer ``kernel-medians``.
+ABS_MEDIAN_DEFAULT = Backend.REFERENCE
+
+
 def abs_median(x: torch.Tensor, backend: Backend | str | None = None) -> torch.Tensor:
     """Lower median of ``|x|`` along each row of ``x (M, N)``, fp32 ``(M,)``; NaN for a row holding NaN.
 
-    x: float32/bfloat16/float16, any strides (``abs_median(x.t())``: column medians). The Triton
-    kernel is a radix select (``kernels/pattern_stats.py``), bit-identical to the reference.
+    x: float32/bfloat16/float16, any strides (``abs_median(x.t())``: column medians). ``backend``:
+    as every op here, except that without one (and without ``ADAHOP_BACKEND``) it is
+    :data:`ABS_MEDIAN_DEFAULT`. The Triton kernel is a radix select (``kernels/pattern_stats.py``),
+    bit-identical to the reference.
     """
     check_float_matrix(x)
+    if backend is None and not os.environ.get("ADAHOP_BACKEND"):
+        backend = ABS_MEDIAN_DEFAULT
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return abs_median_ref(x)
     from adahop_kernels.pattern_stats import abs_median as kernel

@@ -43,8 +43,11 @@ import triton.language as tl
 from adahop.ops import check_float_matrix, check_scaled_mean_squares_input
 from adahop_kernels._common import INTERPRETED, check_device, to_fp32
 
-RADIX_BITS = 4
-RADIX = 1 << RADIX_BITS
+# Bits resolved per pass. Each candidate digit keeps an elementwise counter across the line (summed
+# once per program, not per tile): the first version counted all 16 digits of a 4-bit pass with a
+# per-tile reduction each and ran at 0.33-0.52x torch.median's detector on the H200 (kernels.json
+# at bf486af, reductions rather than bytes bound it). Two bits: three counters, eight passes of x.
+RADIX_BITS = 2
 # Per dtype: the integer view of its bits, the magnitude-bit mask, the number of magnitude bits, and
 # the largest finite-or-infinite key (a key above it is a NaN).
 _KEYS = {
@@ -55,41 +58,66 @@ _KEYS = {
 
 
 @triton.jit
-def _digit_counts_kernel(
-    keys_ptr, prefix_ptr, counts_ptr, nan_ptr, L, N, stride_l, stride_n, n_per_split, shift,
-    KEY_MASK: tl.constexpr, INF_KEY: tl.constexpr, COUNT_NAN: tl.constexpr,
-    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr, RADIX: tl.constexpr,
+def _radix_pass_kernel(
+    keys_ptr, prefix_in_ptr, prefix_out_ptr, prev_ptr, counts_ptr, nan_ptr,
+    L, N, stride_l, stride_n, n_per_split, splits, shift, rank,
+    KEY_MASK: tl.constexpr, INF_KEY: tl.constexpr, FIRST: tl.constexpr,
+    BLOCK_L: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """counts[split, line, j] = #keys of the line (in this split) below ``prefix + j << shift``."""
+    """One 2-bit digit of the radix select, at bit ``shift``.
+
+    Finishes the previous pass first: its digit is the number of its candidates (``prefix + j << (shift
+    + 2)``, j = 1..3) with at most ``rank`` keys below, from the (splits, L, 3) counts it left. Every
+    split of a line computes that prefix alike; split 0 stores it for the next pass. Then counts,
+    per line in this split, the keys below ``prefix + j << shift`` for j = 1..3.
+    """
     lines = tl.program_id(0) * BLOCK_L + tl.arange(0, BLOCK_L)
     split = tl.program_id(1)
     line_ok = lines < L
+    if FIRST:
+        prefix = tl.zeros((BLOCK_L,), dtype=tl.int32)
+    else:
+        prefix = tl.load(prefix_in_ptr + lines, mask=line_ok, other=0)
+        c1 = tl.zeros((BLOCK_L,), dtype=tl.int32)
+        c2 = tl.zeros((BLOCK_L,), dtype=tl.int32)
+        c3 = tl.zeros((BLOCK_L,), dtype=tl.int32)
+        for s in range(0, splits):
+            base = prev_ptr + (s * L + lines) * 3
+            c1 += tl.load(base, mask=line_ok, other=0)
+            c2 += tl.load(base + 1, mask=line_ok, other=0)
+            c3 += tl.load(base + 2, mask=line_ok, other=0)
+        digit = (c1 <= rank).to(tl.int32) + (c2 <= rank).to(tl.int32) + (c3 <= rank).to(tl.int32)
+        prefix += digit << (shift + 2)
+    if split == 0:
+        tl.store(prefix_out_ptr + lines, prefix, mask=line_ok)
     n_lo = split * n_per_split
     n_hi = tl.minimum(n_lo + n_per_split, N)
-    prefix = tl.load(prefix_ptr + lines, mask=line_ok, other=0)
-    digits = tl.arange(0, RADIX)
-    counts = tl.zeros((BLOCK_L, RADIX), dtype=tl.int32)
-    n_nan = tl.zeros((BLOCK_L,), dtype=tl.int32)
+    a1 = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.int32)
+    a2 = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.int32)
+    a3 = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.int32)
+    n_nan = tl.zeros((BLOCK_L, BLOCK_N), dtype=tl.int32)
     for n0 in range(n_lo, n_hi, BLOCK_N):
         cols = n0 + tl.arange(0, BLOCK_N)
         ok = line_ok[:, None] & (cols < n_hi)[None, :]
         key = tl.load(keys_ptr + lines[:, None] * stride_l + cols[None, :] * stride_n, mask=ok, other=0)
         key = key.to(tl.int32) & KEY_MASK
-        if COUNT_NAN:
-            n_nan += tl.sum((ok & (key > INF_KEY)).to(tl.int32), axis=1)
-        # The key's digit relative to the prefix: -1 below the prefix (counted for every j), its
-        # digit if it shares the prefix's higher digits, RADIX above them or masked (never counted).
-        # Shifting the difference, not the candidate, keeps fp32's top digit inside int32.
+        if FIRST:
+            n_nan += (ok & (key > INF_KEY)).to(tl.int32)
+        # The key's digit relative to the prefix: -1 below it (counted for every j), its digit if it
+        # shares the prefix's higher digits, 4 above them or masked (never counted). Shifting the
+        # difference, not the candidate, keeps fp32's top digit inside int32.
         diff = key - prefix[:, None]
-        dig = tl.where(diff < 0, -1, diff >> shift)
-        dig = tl.where(ok, tl.minimum(dig, RADIX), RADIX)
-        for j in tl.static_range(RADIX):
-            below = tl.sum((dig < j).to(tl.int32), axis=1)
-            counts += tl.where(digits[None, :] == j, below[:, None], 0)
-    out = counts_ptr + (split * L + lines[:, None]) * RADIX + digits[None, :]
-    tl.store(out, counts, mask=line_ok[:, None])
-    if COUNT_NAN:
-        tl.store(nan_ptr + split * L + lines, n_nan, mask=line_ok)
+        dig = tl.where(diff < 0, -1, tl.minimum(diff >> shift, 4))
+        dig = tl.where(ok, dig, 4)
+        a1 += (dig < 1).to(tl.int32)
+        a2 += (dig < 2).to(tl.int32)
+        a3 += (dig < 3).to(tl.int32)
+    out = counts_ptr + (split * L + lines) * 3
+    tl.store(out, tl.sum(a1, axis=1), mask=line_ok)
+    tl.store(out + 1, tl.sum(a2, axis=1), mask=line_ok)
+    tl.store(out + 2, tl.sum(a3, axis=1), mask=line_ok)
+    if FIRST:
+        tl.store(nan_ptr + split * L + lines, tl.sum(n_nan, axis=1), mask=line_ok)
 
 
 def _tiles(x: torch.Tensor) -> tuple[int, int]:
@@ -97,7 +125,7 @@ def _tiles(x: torch.Tensor) -> tuple[int, int]:
     if INTERPRETED:
         return 64, 256  # the interpreter's cost grows with programs x iterations: few, large tiles
     row_major = x.stride(1) == 1 and x.stride(0) != 1
-    return (8, 64) if row_major else (64, 16)
+    return (16, 128) if row_major else (64, 32)
 
 
 def abs_median(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
@@ -106,7 +134,8 @@ def abs_median(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     x: float32/bfloat16/float16, any strides (``x.t()`` gives column medians without a copy).
     ``splits``: programs along N (default: about four programs per SM on a GPU, one under the
     interpreter). CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``. Bit-identical to
-    ``x.abs().median(dim=1).values.float()``.
+    ``x.abs().median(dim=1).values.float()``. One launch per 2-bit digit (8 for bf16/fp16, 16 for
+    fp32), no host sync.
     """
     check_float_matrix(x)
     check_device(x, "x")
@@ -127,25 +156,24 @@ def abs_median(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     n_per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
     splits = triton.cdiv(n, n_per_split)
     keys = x.view(key_dtype)  # same element size: a view for any strides
-    prefix = torch.zeros(m, dtype=torch.int32, device=x.device)
-    counts = torch.empty((splits, m, RADIX), dtype=torch.int32, device=x.device)
+    prefix = torch.empty((2, m), dtype=torch.int32, device=x.device)  # ping-pong between passes
+    counts = torch.empty((2, splits, m, 3), dtype=torch.int32, device=x.device)
     nans = torch.empty((splits, m), dtype=torch.int32, device=x.device)
     rank = (n - 1) // 2
     grid = (triton.cdiv(m, block_l), splits)
     top = RADIX_BITS * ((key_bits - 1) // RADIX_BITS)
-    for shift in range(top, -1, -RADIX_BITS):
-        _digit_counts_kernel[grid](
-            keys, prefix, counts, nans, m, n, keys.stride(0), keys.stride(1), n_per_split, shift,
-            KEY_MASK=key_mask, INF_KEY=inf_key, COUNT_NAN=shift == top,
-            BLOCK_L=block_l, BLOCK_N=block_n, RADIX=RADIX,
+    for i, shift in enumerate(range(top, -1, -RADIX_BITS)):
+        cur, prev = i % 2, 1 - i % 2
+        _radix_pass_kernel[grid](
+            keys, prefix[prev], prefix[cur], counts[prev], counts[cur], nans,
+            m, n, keys.stride(0), keys.stride(1), n_per_split, splits, shift, rank,
+            KEY_MASK=key_mask, INF_KEY=inf_key, FIRST=i == 0, BLOCK_L=block_l, BLOCK_N=block_n,
         )
-        below = counts[0] if splits == 1 else counts.sum(dim=0, dtype=torch.int32)
-        # counts[:, 0] (keys below the prefix) is <= rank by construction, so the digit is >= 0.
-        digit = (below <= rank).sum(dim=1, dtype=torch.int32) - 1
-        prefix += digit << shift
-    values = (prefix.to(key_dtype) if key_dtype is torch.int16 else prefix).view(x.dtype).float()
-    has_nan = (nans[0] if splits == 1 else nans.sum(dim=0)) > 0
-    return values.masked_fill(has_nan, float("nan"))
+    # The last pass's digit (bit 0), as the kernel finishes the others.
+    below = counts[cur].sum(dim=0, dtype=torch.int32)
+    key = prefix[cur] + (below <= rank).sum(dim=1, dtype=torch.int32)
+    values = (key.to(key_dtype) if key_dtype is torch.int16 else key).view(x.dtype).float()
+    return values.masked_fill(nans.sum(dim=0) > 0, float("nan"))
 
 
 @triton.jit

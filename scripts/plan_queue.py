@@ -10,7 +10,8 @@ the committed runs of its recipe: the training tokens over their median tokens/s
 ``--eval-s`` for lm-eval; a recipe without runs takes the median over the quantized recipes. A
 policy recipe adds its calibrating steps (``Recipe.calibration_windows`` under the profile's
 ``recipe_overrides``) times what a calibrating step cost above a plain one in the committed runs
-(their ``calibration``; 2.5 s on the H200 at 125m): the median tokens/s leave it out. Main
+(their ``calibration``, at the newest commit that has any: 1.0 s on the H200 at 125m at
+5779bdd, 2.5 s before): the median tokens/s leave it out. Main
 runs go first, then ablations, each to the GPU with the least work so far (stages first, at
 ``--stage-s`` each). Prints one queue string per GPU (the h200_queue.sh arguments), its estimated
 seconds, and the runs that would not fit ``--seconds`` per GPU (the next session's).
@@ -45,9 +46,11 @@ def planned(pretrain: dict) -> list[tuple[str, bool]]:
 
 
 def load(folder: Path) -> list[dict]:
-    """The records of every results file in ``folder``, each with ``runs_per_gpu`` (:func:`with_gpu_sharing`)."""
-    return [with_gpu_sharing(rec, doc["provenance"]) for path in sorted(folder.glob("*.json"))
-            for doc in [read_results(path)] for rec in doc["records"]]
+    """The records of every results file in ``folder``, each with ``runs_per_gpu`` (:func:`with_gpu_sharing`)
+    and ``made_at``, its file's provenance ``(date, git_commit)``."""
+    return [{**with_gpu_sharing(rec, doc["provenance"]),
+             "made_at": (doc["provenance"].get("date") or "", doc["provenance"].get("git_commit") or "")}
+            for path in sorted(folder.glob("*.json")) for doc in [read_results(path)] for rec in doc["records"]]
 
 
 def run_seconds(pretrain_records: list[dict], tokens: int, overhead: float, eval_s: float) -> dict[str, float]:
@@ -64,12 +67,18 @@ def run_seconds(pretrain_records: list[dict], tokens: int, overhead: float, eval
 
 
 def calibration_step_s(pretrain_records: list[dict], default: float = 2.5) -> float:
-    """The median seconds a calibrating step took above a plain one, over the committed runs that
-    calibrate on a device of their own (their ``calibration``, ``adahop.train.step_times``; the quality
-    table's rule, ``shared_device``); ``default`` without any."""
-    per_step = [r["calibration"]["s"] / r["calibration"]["steps"] for r in pretrain_records
+    """What a calibrating step costs above a plain one: the median over the committed runs that
+    calibrate on a device of their own (their ``calibration``, ``adahop.train.step_times``; the
+    quality table's rule, ``shared_device``) made at the newest commit among them (``made_at``: the
+    detector's code changes the cost, 2.4-2.5 s at 1773913 and 86d04bf, 1.0 s at 5779bdd);
+    ``default`` without any."""
+    eligible = [r for r in pretrain_records
                 if r.get("calibration") and r["calibration"]["steps"] and shared_device(r) is None]
-    return statistics.median(per_step) if per_step else default
+    if not eligible:
+        return default
+    newest = max(r.get("made_at", ("", "")) for r in eligible)[1]
+    return statistics.median(r["calibration"]["s"] / r["calibration"]["steps"] for r in eligible
+                             if r.get("made_at", ("", ""))[1] == newest)
 
 
 def calibrating_steps(recipe: str, pretrain: dict) -> int:

@@ -77,4 +77,8 @@ def test_a_recipe_that_calibrates_more_is_given_its_calibrating_steps():
             {"calibration": {"s": 200.0, "steps": 30}, "runs_per_gpu": 2},  # shared its GPU: left out
             {"calibration": None}]
     assert plan_queue.calibration_step_s(runs) == pytest.approx(2.25)
+    # The newest commit's runs only: the detector's code sets the cost.
+    dated = [{**r, "made_at": ("2026-11-30T10:00", "aaa")} for r in runs[:2]]
+    dated.append({"calibration": {"s": 30.0, "steps": 30}, "made_at": ("2026-12-01T04:00", "bbb")})
+    assert plan_queue.calibration_step_s(dated) == pytest.approx(1.0)
     assert plan_queue.calibration_step_s([{"calibration": None}], default=2.5) == 2.5

@@ -2,12 +2,17 @@
 
 AdaHOP's calibrating steps label every layer's x, w and grad_output (``adahop.patterns``); on the
 H200 those steps took ~2.5 s against ~0.3 s for a plain step of the 125m runs
-(``results/quality/gpu/quality.md``, where the training time went). The detector runs on the
-kernels of ``kernels/pattern_stats.py`` (radix-select line medians, one-read scaled mean squares).
-Peers: ``torch-reference``, the same detector on the PyTorch reference ops (``torch.median`` per
-line and fp32 elementwise passes: what the detector cost before the kernels, at 5779bdd 19-31 GB/s
-here); ``plain-rms``, the detector without ``cross_normalize`` (no medians), so the ratio shows
-what the medians cost. Work: the operand's bytes, read once.
+(``results/quality/gpu/quality.md``, where the training time went). The detector runs its mean
+squares on the one-read kernel of ``kernels/pattern_stats.py`` and its line medians on
+``adahop.ops.ABS_MEDIAN_DEFAULT``. Peers, in the same run:
+
+* ``torch-reference``: the detector on the PyTorch reference ops (``torch.median`` per line, fp32
+  elementwise passes), what it cost before the kernels;
+* ``kernel-medians``: the detector with its medians on the radix-select kernel too (the Triton
+  backend throughout), the measurement that decides ``ABS_MEDIAN_DEFAULT``;
+* ``plain-rms``: the detector without ``cross_normalize`` (no medians): what the medians cost.
+
+Work: the operand's bytes, read once.
 """
 
 from adahop.patterns import PatternDetector
@@ -16,6 +21,10 @@ from adahop.patterns import PatternDetector
 def test_pattern_detection(benchmark, bench, activation_shape):
     x = bench.randn(*activation_shape)
     detect, plain = PatternDetector(), PatternDetector(cross_normalize=False)
+    peers = {
+        "torch-reference": lambda: detect.scores(x, backend="reference"),
+        "kernel-medians": lambda: detect.scores(x, backend="triton"),
+        "plain-rms": lambda: plain(x),
+    }
     bench.run(benchmark, lambda: detect(x), op="pattern detection", shape=tuple(activation_shape), dtype="bf16",
-              work=x.numel() * x.element_size(), unit="GB/s", ceiling="copy",
-              peers={"torch-reference": lambda: detect.scores(x, backend="reference"), "plain-rms": lambda: plain(x)})
+              work=x.numel() * x.element_size(), unit="GB/s", ceiling="copy", peers=peers)
