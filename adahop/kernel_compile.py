@@ -371,6 +371,7 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
     from adahop_kernels.fp8_reencode import fp8_reencode
     from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
     from adahop_kernels.outliers import row_absmax
+    from adahop_kernels.pattern_stats import abs_median, scaled_mean_squares
     from adahop_kernels.signs import random_signs
 
     cases = [Case("fp8_reencode", lambda: fp8_reencode(_mxfp4(256, 512)))]
@@ -382,6 +383,11 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
             Case(f"mxfp4_mm_dot_scaled(-> {s})", lambda d=d: mxfp4_mm_dot_scaled(_mxfp4(256, 512), _mxfp4(384, 512), d)),
             Case(f"row_absmax({s} rows)", lambda d=d: row_absmax(torch.zeros((256, 4096), dtype=d))),
             Case(f"row_absmax({s} columns, x.t())", lambda d=d: row_absmax(torch.zeros((4096, 256), dtype=d).t())),
+            Case(f"abs_median({s} rows)", lambda d=d: abs_median(torch.zeros((256, 4096), dtype=d))),
+            Case(f"abs_median({s} columns, x.t())", lambda d=d: abs_median(torch.zeros((4096, 256), dtype=d).t())),
+            Case(f"scaled_mean_squares({s})", lambda d=d: scaled_mean_squares(torch.zeros((256, 512), dtype=d))),
+            Case(f"scaled_mean_squares({s}, scaled)", lambda d=d: scaled_mean_squares(
+                torch.zeros((256, 512), dtype=d), torch.ones(512), torch.ones(256))),
         ]
     return cases
 

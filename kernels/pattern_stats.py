@@ -2,7 +2,7 @@
 
 ``adahop.patterns.PatternDetector`` scores an operand ``x (M, K)`` by the RMS of its rows and
 columns after dividing each column by its median ``|x|`` and each row by its own. In PyTorch that
-is two ``torch.median(dim=1)`` (each sorts every line) and half a dozen fp32 elementwise passes:
+is two ``torch.median(dim=1)`` (a selection per line) and half a dozen fp32 elementwise passes:
 on the H200 the detector ran at 19-31 GB/s on the activation shapes, 0.2x its own plain-RMS
 variant (``results/microbench/gpu/kernels.json`` at 5779bdd), and AdaHOP's calibrating steps
 label every layer's x, w and grad_output.
@@ -13,16 +13,19 @@ median of a line of ``n`` is the key ``v`` with at most ``r`` keys below it and 
 or below it, ``r = (n - 1) // 2``. It is found a digit at a time, most significant first (a radix
 select):
 
-* one pass per 4-bit digit (4 passes for bf16/fp16's 15 magnitude bits, 8 for fp32's 31);
-* each pass counts, per line, the keys below ``prefix + j·16^d`` for the 16 digits ``j`` (one read
-  of x, whatever its strides: a 2-D tile coalesces along the contiguous axis, so column medians
-  are the rows of ``x.t()``, a view, with no transposed copy);
-* the digit is the largest ``j`` whose count stays ``<= r``; PyTorch adds it to the prefix (a few
-  elementwise ops on the line count, no host sync).
+* one launch per 2-bit digit (8 for bf16/fp16's 15 magnitude bits, 16 for fp32's 31), each one
+  read of x, whatever its strides (a 2-D tile coalesces along the contiguous axis, so column
+  medians are the rows of ``x.t()``, a view, with no transposed copy);
+* each counts, per line, the keys below ``prefix + j·4^d`` for ``j = 1, 2, 3``: three elementwise
+  counters over the tiles, summed once at the end of the program;
+* the digit is the number of those counts that stay ``<= r``. The next launch reads the counts,
+  adds the digit to the prefix (every program of a line alike) and goes on; PyTorch adds the
+  last digit. No host sync.
 
 Long lines are split across programs (the 768 columns of a 64k-token activation give 12 line
-blocks; ~500 programs fill the GPU), each writing partial counts that PyTorch sums. The result is
-bit-identical to ``x.abs().median(dim=1).values`` (the lower median; a line holding NaN gives NaN).
+blocks; ~500 programs fill the GPU), each writing partial counts that the next launch sums. The
+result is bit-identical to ``x.abs().median(dim=1).values`` (the lower median; a line holding NaN
+gives NaN).
 
 **Mean squares** (:func:`scaled_mean_squares`). Both axes' mean of ``(x / scale)²`` and the count
 of non-finite entries, in one read of x: each program owns a block of rows (their sums complete in
@@ -46,7 +49,8 @@ from adahop_kernels._common import INTERPRETED, check_device, to_fp32
 # Bits resolved per pass. Each candidate digit keeps an elementwise counter across the line (summed
 # once per program, not per tile): the first version counted all 16 digits of a 4-bit pass with a
 # per-tile reduction each and ran at 0.33-0.52x torch.median's detector on the H200 (kernels.json
-# at bf486af, reductions rather than bytes bound it). Two bits: three counters, eight passes of x.
+# at bf486af; 16 reductions per tile against one read of x, the likely bound, not profiled). Two
+# bits: three counters, eight passes of x. Not yet timed on the GPU.
 RADIX_BITS = 2
 # Per dtype: the integer view of its bits, the magnitude-bit mask, the number of magnitude bits, and
 # the largest finite-or-infinite key (a key above it is a NaN).
@@ -57,7 +61,9 @@ _KEYS = {
 }
 
 
-@triton.jit
+# Scalars that change per pass or per shape: specializing them (== 1, % 16) buys nothing and would
+# compile more variants.
+@triton.jit(do_not_specialize=["n_per_split", "splits", "shift", "rank"])
 def _radix_pass_kernel(
     keys_ptr, prefix_in_ptr, prefix_out_ptr, prev_ptr, counts_ptr, nan_ptr,
     L, N, stride_l, stride_n, n_per_split, splits, shift, rank,
