@@ -27,6 +27,36 @@ def check_device(t: torch.Tensor, name: str) -> None:
     raise ValueError(f"{name} is on {t.device}; the Triton kernels take CUDA tensors (or CPU ones under the interpreter)")
 
 
+def check_line_input(x: torch.Tensor, splits: int | None, empty_rows: str) -> None:
+    """The checks of a per-row reduction split along its rows (``row_absmax``, ``abs_median``): a float
+    matrix this machine can run, rows that are not empty (``empty_rows`` says why they must not be),
+    ``splits`` None or a positive int."""
+    from adahop.ops import check_float_matrix
+
+    check_float_matrix(x)
+    check_device(x, "x")
+    if x.shape[1] == 0:
+        raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: {empty_rows}")
+    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
+        raise ValueError(f"splits must be a positive int, got {splits!r}")
+
+
+def split_lines(x: torch.Tensor, block_l: int, block_n: int, splits: int | None, min_tiles: int) -> tuple[int, int]:
+    """``(n_per_split, splits)`` for a kernel whose programs take ``block_l`` rows of ``x (L, N)`` and
+    one of ``splits`` stretches of N. Default ``splits``: enough for about four programs per SM, so a
+    few long rows still fill the GPU, but at least ``min_tiles`` tiles of ``block_n`` per stretch (one
+    stretch under the interpreter). ``n_per_split`` is a multiple of ``block_n``; ``splits`` is
+    recomputed from it (no empty stretch)."""
+    lines, n = x.shape
+    if splits is None:
+        splits = 1
+        if not INTERPRETED:
+            want = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
+            splits = max(1, min(triton.cdiv(want, triton.cdiv(lines, block_l)), triton.cdiv(n, min_tiles * block_n)))
+    n_per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
+    return n_per_split, triton.cdiv(n, n_per_split)
+
+
 @triton.jit
 def exp2_int(e):
     """fp32 ``2**e`` for int32 ``e`` in [-149, 127], exact (subnormals built from their bit pattern).

@@ -24,8 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.ops import check_float_matrix
-from adahop_kernels._common import INTERPRETED, check_device
+from adahop_kernels._common import INTERPRETED, check_line_input, split_lines
 
 
 @triton.jit
@@ -59,27 +58,14 @@ def row_absmax(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     under the interpreter). CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``.
     Equivalent to ``x.abs().amax(1).float()``.
     """
-    check_float_matrix(x)
-    check_device(x, "x")
+    check_line_input(x, splits, "no maximum to rank them by")
     m, k = x.shape
-    if k == 0:
-        raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no maximum to rank them by")
     if m == 0:
         return torch.empty(0, dtype=torch.float32, device=x.device)
-    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
-        raise ValueError(f"splits must be a positive int, got {splits!r}")
-    if INTERPRETED:
-        # Interpreter cost grows with programs x iterations: few, large tiles there.
-        block_m, block_k, splits = 64, 512, splits or 1
-    else:
-        # 64x64 tiles (8-16 KiB) coalesce along either axis; split K until there are about
-        # four programs per SM, so a short M (few rows, long K) still fills the GPU.
-        block_m, block_k = 64, 64
-        if splits is None:
-            want = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
-            splits = max(1, min(triton.cdiv(want, triton.cdiv(m, block_m)), triton.cdiv(k, 4 * block_k)))
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
-    splits = triton.cdiv(k, k_per_split)
+    # 64x64 tiles (8-16 KiB) coalesce along either axis; under the interpreter, whose cost grows
+    # with programs x iterations, few large tiles.
+    block_m, block_k = (64, 512) if INTERPRETED else (64, 64)
+    k_per_split, splits = split_lines(x, block_m, block_k, splits, min_tiles=4)
     part = torch.empty((splits, m), dtype=torch.float32, device=x.device)
     grid = (triton.cdiv(m, block_m), splits)
     _row_absmax_kernel[grid](x, part, m, k, x.stride(0), x.stride(1), k_per_split,

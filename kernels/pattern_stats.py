@@ -43,8 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.ops import check_float_matrix, check_scaled_mean_squares_input
-from adahop_kernels._common import INTERPRETED, check_device, to_fp32
+from adahop.ops import check_scaled_mean_squares_input
+from adahop_kernels._common import INTERPRETED, check_device, check_line_input, split_lines, to_fp32
 
 # Bits resolved per pass. Each candidate digit keeps an elementwise counter across the line (summed
 # once per program, not per tile): the first version counted all 16 digits of a 4-bit pass with a
@@ -143,24 +143,13 @@ def abs_median(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     ``x.abs().median(dim=1).values.float()``. One launch per 2-bit digit (8 for bf16/fp16, 16 for
     fp32), no host sync.
     """
-    check_float_matrix(x)
-    check_device(x, "x")
+    check_line_input(x, splits, "no median")
     m, n = x.shape
-    if n == 0:
-        raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no median")
     if m == 0:
         return torch.empty(0, dtype=torch.float32, device=x.device)
-    if splits is not None and (isinstance(splits, bool) or not isinstance(splits, int) or splits < 1):
-        raise ValueError(f"splits must be a positive int, got {splits!r}")
     key_dtype, key_mask, key_bits, inf_key = _KEYS[x.dtype]
     block_l, block_n = _tiles(x)
-    if splits is None:
-        splits = 1
-        if not INTERPRETED:
-            want = 4 * torch.cuda.get_device_properties(x.device).multi_processor_count
-            splits = max(1, min(triton.cdiv(want, triton.cdiv(m, block_l)), triton.cdiv(n, 8 * block_n)))
-    n_per_split = triton.cdiv(triton.cdiv(n, splits), block_n) * block_n
-    splits = triton.cdiv(n, n_per_split)
+    n_per_split, splits = split_lines(x, block_l, block_n, splits, min_tiles=8)
     keys = x.view(key_dtype)  # same element size: a view for any strides
     prefix = torch.empty((2, m), dtype=torch.int32, device=x.device)  # ping-pong between passes
     counts = torch.empty((2, splits, m, 3), dtype=torch.int32, device=x.device)
