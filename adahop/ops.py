@@ -1,7 +1,8 @@
 """Public MXFP4 ops: checked inputs, one backend switch, kernel or reference underneath.
 
 Every op here has a Triton kernel in ``kernels/`` and a pure-PyTorch reference; which one runs
-is decided by :func:`adahop.backend.resolve_backend`. Layers and recipes call these functions,
+is decided by :func:`adahop.backend.resolve_backend` (for :func:`abs_median` without a backend
+named, by :data:`ABS_MEDIAN_DEFAULT`). Layers and recipes call these functions,
 never a kernel directly.
 """
 

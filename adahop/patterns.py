@@ -78,9 +78,12 @@ class PatternDetector:
         """``(row_score, col_score)`` of ``x (M, K)``: max/median of the per-row / per-column RMS.
 
         Equivalent to ``rms_rows.max() / rms_rows.median()`` (and for columns) when
-        ``cross_normalize`` is off. Raises ValueError for non-2-D input or NaN/Inf values.
-        ``backend``: which :mod:`adahop.ops` backend computes the line statistics (default: by
-        x's device, :func:`adahop.backend.resolve_backend`); one host sync either way.
+        ``cross_normalize`` is off. Raises ValueError for input that is not a 2-D float32, bfloat16
+        or float16 tensor, or holds NaN/Inf. ``backend``: which :mod:`adahop.ops` backend computes
+        the line statistics (default: each op's own, :func:`adahop.ops.abs_median` and
+        :func:`adahop.ops.scaled_mean_squares`); one host sync either way. On the Triton backend
+        the mean squares sum in another order than the reference's, so scores agree to fp32
+        rounding (a label can differ only for a score on the threshold).
         """
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"pattern detection takes a torch.Tensor, got {type(x).__name__}")

@@ -145,3 +145,18 @@ def test_detector_on_the_kernels_scores_as_the_reference(planted, dtype, device)
     bad[1, 1] = float("nan")
     with pytest.raises(ValueError, match="NaN or Inf"):
         detect.scores(bad, backend="triton")
+
+
+def test_abs_median_default_is_ABS_MEDIAN_DEFAULT_unless_a_backend_is_named(monkeypatch, device):
+    import adahop_kernels.pattern_stats as ps
+
+    calls = []
+    monkeypatch.setattr(ps, "abs_median", lambda x: calls.append("kernel") or reference(x))
+    monkeypatch.delenv("ADAHOP_BACKEND", raising=False)
+    x = torch.randn(8, 9).to(device)
+    ops.abs_median(x)
+    assert calls == ([] if ops.ABS_MEDIAN_DEFAULT == "reference" else ["kernel"])
+    ops.abs_median(x, backend="triton")
+    monkeypatch.setenv("ADAHOP_BACKEND", "triton")
+    ops.abs_median(x)
+    assert calls[-2:] == ["kernel", "kernel"]
