@@ -61,12 +61,12 @@ fi
 # A campaign stage an item may name, and the results file that marks it done.
 declare -A STAGE_FILE=([microbench]=kernels.json [layers]=layers.json [memory]=memory.json [patterns]=patterns.json.gz
   [strategies]=strategies.done)
-# The seconds a stage needs to finish: what it took on the H200 (results/logs/h200-2026-11-30*: microbench
-# 137 s, layers 193 s, patterns 416 s, strategies 353 s; h200-2026-12-01-s8: memory 370 s, before its
-# run-map records, about 40 s more) with a margin. A stage that cannot resume is
+# The seconds a stage needs to finish: what it took on the H200 (results/logs/h200-2026-11-30*: patterns
+# 416 s, strategies 353 s; h200-2026-12-01-s8: memory 370 s, before its run-map records, about 40 s
+# more; h200-2026-12-01-s10*: microbench 180 and 186 s, layers 226 s) with a margin. A stage that cannot resume is
 # not started with less, so it does not burn the GPU's time only to be cut off; it may start in a
 # NO_NEW_RUNS call, since it leaves nothing behind for the next one.
-declare -A STAGE_MIN_S=([microbench]=180 [layers]=240 [memory]=450 [patterns]=480 [strategies]=420)
+declare -A STAGE_MIN_S=([microbench]=240 [layers]=280 [memory]=450 [patterns]=480 [strategies]=420)
 for queue in "$@"; do
   for item in $queue; do
     if [[ "$item" =~ ^stage:(.*)$ ]]; then
