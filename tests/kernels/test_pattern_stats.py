@@ -37,6 +37,12 @@ def test_abs_median_is_bit_exact(dtype, n, transposed, device):
     assert torch.equal(abs_median(x), reference(x))
 
 
+@pytest.mark.parametrize("rows", [127, 128, 129])
+def test_abs_median_rows_around_a_tile_boundary(rows, device):
+    x = torch.randn(rows, 33, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16).to(device)
+    assert torch.equal(abs_median(x), reference(x))
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 def test_abs_median_of_columns_through_a_transposed_view(dtype, device):
     x = torch.randn(301, 40, generator=torch.Generator().manual_seed(1)).to(dtype).to(device)
