@@ -19,6 +19,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import subprocess
 import tempfile
 import zlib
@@ -74,6 +75,46 @@ def device_description(device: torch.device | str | None = None) -> dict[str, An
 # counting them would mark every regenerated table dirty; the inputs a table reads carry their own
 # provenance (e.g. ``source_commits``).
 GENERATED_PATHS = ("results", "paper_figs/out")
+
+
+# What nvidia-smi reports of a GPU's state, in its own field names. The throttle reasons are asked
+# separately: drivers have renamed them (clocks_throttle_reasons -> clocks_event_reasons).
+GPU_STATE_FIELDS = ("index", "clocks.sm", "clocks.max.sm", "clocks.mem", "temperature.gpu", "power.draw",
+                    "utilization.gpu", "memory.used")
+_GPU_REASON_FIELDS = ("clocks_event_reasons.active", "clocks_throttle_reasons.active")
+
+
+def _nvidia_smi(*args: str) -> list[list[str]] | None:
+    try:
+        out = subprocess.run(["nvidia-smi", *args, "--format=csv,noheader,nounits"], capture_output=True,
+                             text=True, timeout=15, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return [[v.strip() for v in line.split(",")] for line in out.strip().splitlines() if line.strip()]
+
+
+def gpu_state() -> dict[str, Any] | None:
+    """Every GPU's clocks, temperature, power, utilisation and memory now, its clock-limiting reasons,
+    and the compute processes on the machine (``nvidia-smi``); None without nvidia-smi.
+
+    Benchmarks record it before and after their run: a run whose short kernels time with a wide
+    spread (``iqr_s``) can then be told apart as sharing its GPU, throttled, or neither. Values are
+    nvidia-smi's strings (MHz, C, W, %, MiB; ``[N/A]`` where a GPU has none).
+    """
+    if shutil.which("nvidia-smi") is None:
+        return None
+    rows = _nvidia_smi(f"--query-gpu={','.join(GPU_STATE_FIELDS)}")
+    if rows is None or any(len(r) != len(GPU_STATE_FIELDS) for r in rows):
+        return None
+    gpus = [dict(zip(GPU_STATE_FIELDS, r)) for r in rows]
+    for field in _GPU_REASON_FIELDS:
+        reasons = _nvidia_smi(f"--query-gpu={field}")
+        if reasons is not None and len(reasons) == len(gpus):
+            for g, (r, *_) in zip(gpus, reasons):
+                g["clock_reasons"] = r
+            break
+    apps = _nvidia_smi("--query-compute-apps=pid,used_memory")
+    return {"gpus": gpus, "compute_processes": None if apps is None else len(apps)}
 
 
 def git_state() -> tuple[str | None, bool | None]:

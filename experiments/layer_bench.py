@@ -53,14 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     expr = f"{TEST} and ({select})" if select else TEST
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd = microbench.run_benchmarks(bench_profile, expr, json_path)
+        rc, cmd, gpu = microbench.run_benchmarks(bench_profile, expr, json_path)
         if not json_path.exists():
             print(f"layer_bench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
         doc = json.loads(json_path.read_text())
     recs = records(doc)
     write_results(args.out, recs, config={"bench_profile": bench_profile, "select": select},
-                  overwrite=args.overwrite, extra_provenance={"pytest_command": cmd[1:], "pytest_exit_code": rc})
+                  overwrite=args.overwrite,
+                  extra_provenance={"pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu})
     for r in recs:
         peers = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_to_peers"].items())
         print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "

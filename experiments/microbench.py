@@ -35,7 +35,7 @@ from typing import Any
 import torch
 import yaml
 
-from adahop.provenance import REPO_ROOT, write_results
+from adahop.provenance import REPO_ROOT, gpu_state, write_results
 
 BENCH_DIR = "tests/bench"
 PROFILES = ("smoke", "gpu")
@@ -79,14 +79,18 @@ def records_from_benchmark_json(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str]]:
-    """Run the suite in a subprocess; returns pytest's exit code and the command."""
+def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str], dict]:
+    """Run the suite in a subprocess; returns pytest's exit code, the command, and the GPUs' state
+    before and after (:func:`adahop.provenance.gpu_state`, None without nvidia-smi) for the
+    provenance."""
     cmd = [sys.executable, "-m", "pytest", BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
     if select:
         cmd += ["-k", select]
     env = {**os.environ, "ADAHOP_BENCH_PROFILE": bench_profile}
     print("microbench:", " ".join(cmd), f"(ADAHOP_BENCH_PROFILE={bench_profile})", flush=True)
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env).returncode, cmd
+    before = gpu_state()
+    rc = subprocess.run(cmd, cwd=REPO_ROOT, env=env).returncode
+    return rc, cmd, {"before": before, "after": gpu_state()}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -130,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd = run_benchmarks(bench_profile, select, json_path)
+        rc, cmd, gpu = run_benchmarks(bench_profile, select, json_path)
         if not json_path.exists():
             print(f"microbench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
@@ -141,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         "pytest_command": cmd[1:],
         "pytest_exit_code": rc,
         "pytest_benchmark_version": doc.get("version"),
+        "gpu_state": gpu,
     })
     print(f"microbench: {len(records)} records -> {out} (pytest exit code {rc})")
     return exit_status("microbench", rc, len(records))

@@ -64,6 +64,8 @@ def test_smoke_run_writes_results(tmp_path):
     assert set(rec["peers"]) == {"torch-vector-norm", "reference"}
     assert rec["backend"] == "reference" and rec["n_timings"] >= 3 and rec["iqr_s"] >= 0
     assert json.loads(out.read_text())["provenance"]["pytest_exit_code"] == 0
+    # The GPUs' state around the run: None on a machine without nvidia-smi, as this one.
+    assert doc["provenance"]["gpu_state"] == {"before": None, "after": None}
 
 
 @pytest.mark.parametrize(

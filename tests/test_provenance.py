@@ -152,3 +152,37 @@ def test_dirty_means_the_code_not_the_results_it_writes(tmp_path, monkeypatch):
     assert provenance_module.git_state()[1] is False
     (repo / "adahop/m.py").write_text("changed\n")
     assert provenance_module.git_state()[1] is True
+
+
+FAKE_NVIDIA_SMI = """#!/bin/sh
+case "$*" in
+  *--query-gpu=index,*) printf '0, 1980, 1980, 2619, 41, 120.5, 0, 512\\n1, 1410, 1980, 2619, 83, 690.1, 100, 70000\\n' ;;
+  *clocks_event_reasons*) echo "Field is not a valid field to query." >&2; exit 2 ;;
+  *clocks_throttle_reasons*) printf '0x0000000000000000\\n0x0000000000000020\\n' ;;
+  *--query-compute-apps*) printf '4242, 69000\\n' ;;
+  *) exit 3 ;;
+esac
+"""
+
+
+def test_gpu_state_reads_nvidia_smi_and_falls_back_on_the_old_reason_field(tmp_path, monkeypatch):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(FAKE_NVIDIA_SMI)
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    state = provenance_module.gpu_state()
+    assert state["compute_processes"] == 1
+    g0, g1 = state["gpus"]
+    assert g0 == {"index": "0", "clocks.sm": "1980", "clocks.max.sm": "1980", "clocks.mem": "2619",
+                  "temperature.gpu": "41", "power.draw": "120.5", "utilization.gpu": "0", "memory.used": "512",
+                  "clock_reasons": "0x0000000000000000"}
+    assert g1["clocks.sm"] == "1410" and g1["clock_reasons"] == "0x0000000000000020"
+
+
+def test_gpu_state_is_none_without_nvidia_smi_or_with_a_failing_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert provenance_module.gpu_state() is None
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 9\n")
+    smi.chmod(0o755)
+    assert provenance_module.gpu_state() is None
