@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 import os
+import statistics
+from typing import Callable
 
 import torch
 
@@ -42,3 +44,44 @@ def resolve_backend(device: torch.device | str, requested: Backend | str | None 
     if device.type == "cuda" or (device.type == "cpu" and triton_interpreted()):
         return Backend.TRITON
     return Backend.REFERENCE
+
+
+def cuda_seconds(fn: Callable[[], object], reps: int = 3) -> float:
+    """Median seconds of ``fn()`` on the current CUDA stream over ``reps`` timed calls, after one
+    untimed call (Triton compiles, or loads from its cache, on the first)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+class FasterOf:
+    """The faster of interchangeable implementations of one op (the same result, bit for bit), timed
+    once per input kind on its first call, as ``torch.backends.cudnn.benchmark`` picks convolutions.
+
+    ``candidates``: name -> implementation taking the input tensor. An input's kind is its device,
+    dtype, shape and strides; :attr:`choices` maps each kind met to the name chosen. ``timer``
+    (default :func:`cuda_seconds`) times one call of a candidate. Which one wins can change from
+    run to run where they are close; the results cannot.
+    """
+
+    def __init__(self, candidates: dict[str, Callable[[torch.Tensor], torch.Tensor]],
+                 timer: Callable[[Callable[[], object]], float] = cuda_seconds):
+        if len(candidates) < 2:
+            raise ValueError(f"FasterOf needs at least two candidates, got {list(candidates)}")
+        self.candidates, self.timer = dict(candidates), timer
+        self.choices: dict[tuple, str] = {}
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        kind = (str(x.device), x.dtype, tuple(x.shape), x.stride())
+        name = self.choices.get(kind)
+        if name is None:
+            seconds = {n: self.timer(lambda f=f: f(x)) for n, f in self.candidates.items()}
+            name = self.choices[kind] = min(seconds, key=seconds.get)
+        return self.candidates[name](x)

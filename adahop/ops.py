@@ -1,8 +1,8 @@
 """Public MXFP4 ops: checked inputs, one backend switch, kernel or reference underneath.
 
 Every op here has a Triton kernel in ``kernels/`` and a pure-PyTorch reference; which one runs
-is decided by :func:`adahop.backend.resolve_backend` (for :func:`abs_median` without a backend
-named, by :data:`ABS_MEDIAN_DEFAULT`). Layers and recipes call these functions,
+is decided by :func:`adahop.backend.resolve_backend` (for :func:`abs_median` on CUDA without a
+backend named, by timing both: :data:`ABS_MEDIAN_CUDA`). Layers and recipes call these functions,
 never a kernel directly.
 """
 
@@ -15,7 +15,7 @@ import os
 
 import torch
 
-from adahop.backend import Backend, resolve_backend
+from adahop.backend import Backend, FasterOf, resolve_backend
 from adahop.formats import (
     BLOCK_SIZE,
     FLOAT_DTYPES,
@@ -236,31 +236,36 @@ def abs_median_ref(x: torch.Tensor) -> torch.Tensor:
     return x.abs().contiguous().median(dim=1).values.float()
 
 
-# Which backend :func:`abs_median` uses when neither its caller nor ADAHOP_BACKEND names one. On
-# the H200 the detector on the first radix-select kernel (4-bit digits, a reduction per digit and
-# tile) ran at 9-11 GB/s against 20-29 GB/s on torch.median (results/microbench/gpu/kernels.json
-# at bf486af, peer torch-reference), so the default stays torch.median on every device until the
-# present kernel (2-bit digits, elementwise counters, one launch per digit) is measured faster by
-# the same benchmark's peer ``kernel-medians``.
-ABS_MEDIAN_DEFAULT = Backend.REFERENCE
+def _abs_median_kernel(x: torch.Tensor) -> torch.Tensor:
+    from adahop_kernels.pattern_stats import abs_median as kernel
+
+    return kernel(x)
+
+
+# What :func:`abs_median` runs on a CUDA tensor when neither its caller nor ADAHOP_BACKEND names a
+# backend: the faster of the radix-select kernel and torch.median for that input, timed on its
+# first call (both give the same bits). Their ranking is a measurement, not a constant: on the
+# H200 the detector on the first kernel (4-bit digits, a reduction per digit and tile) ran at
+# 9-11 GB/s against 20-29 GB/s on torch.median (results/microbench/gpu/kernels.json at bf486af,
+# peer torch-reference); the present kernel is not yet timed there (peer kernel-medians).
+ABS_MEDIAN_CUDA = FasterOf({"torch.median": abs_median_ref, "radix-select kernel": _abs_median_kernel})
 
 
 def abs_median(x: torch.Tensor, backend: Backend | str | None = None) -> torch.Tensor:
     """Lower median of ``|x|`` along each row of ``x (M, N)``, fp32 ``(M,)``; NaN for a row holding NaN.
 
     x: float32/bfloat16/float16, any strides (``abs_median(x.t())``: column medians). ``backend``:
-    as every op here, except that without one (and without ``ADAHOP_BACKEND``) it is
-    :data:`ABS_MEDIAN_DEFAULT`. The Triton kernel is a radix select (``kernels/pattern_stats.py``),
-    bit-identical to the reference.
+    as every op here, except that without one (and without ``ADAHOP_BACKEND``) a CUDA tensor goes
+    to :data:`ABS_MEDIAN_CUDA` (the faster of kernel and reference for its shape, measured on first
+    use) and any other to the reference. The Triton kernel is a radix select
+    (``kernels/pattern_stats.py``), bit-identical to the reference.
     """
     check_float_matrix(x)
     if backend is None and not os.environ.get("ADAHOP_BACKEND"):
-        backend = ABS_MEDIAN_DEFAULT
+        return ABS_MEDIAN_CUDA(x) if x.device.type == "cuda" else abs_median_ref(x)
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return abs_median_ref(x)
-    from adahop_kernels.pattern_stats import abs_median as kernel
-
-    return kernel(x)
+    return _abs_median_kernel(x)
 
 
 def check_scaled_mean_squares_input(x: torch.Tensor, col_div: torch.Tensor | None, row_div: torch.Tensor | None) -> None:

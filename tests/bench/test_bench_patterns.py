@@ -4,12 +4,13 @@ AdaHOP's calibrating steps label every layer's x, w and grad_output (``adahop.pa
 H200 those steps took ~2.5 s against ~0.3 s for a plain step of the 125m runs
 (``results/quality/gpu/quality.md``, where the training time went). The detector runs its mean
 squares on the one-read kernel of ``kernels/pattern_stats.py`` and its line medians on
-``adahop.ops.ABS_MEDIAN_DEFAULT``. Peers, in the same run:
+``adahop.ops.ABS_MEDIAN_CUDA``: the faster, for each shape, of ``torch.median`` and the
+radix-select kernel, timed on the first call (the warm-up here). Peers, in the same run:
 
 * ``torch-reference``: the detector on the PyTorch reference ops (``torch.median`` per line, fp32
   elementwise passes), what it cost before the kernels;
-* ``kernel-medians``: the detector with its medians on the radix-select kernel too (the Triton
-  backend throughout), the measurement that decides ``ABS_MEDIAN_DEFAULT``;
+* ``kernel-medians``: the detector with its medians on the radix-select kernel (the Triton
+  backend throughout): with ``torch-reference``, the two that ``ABS_MEDIAN_CUDA`` chooses between;
 * ``plain-rms``: the detector without ``cross_normalize`` (no medians): what the medians cost.
 
 Work: the operand's bytes, read once.

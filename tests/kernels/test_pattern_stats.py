@@ -153,16 +153,19 @@ def test_detector_on_the_kernels_scores_as_the_reference(planted, dtype, device)
         detect.scores(bad, backend="triton")
 
 
-def test_abs_median_default_is_ABS_MEDIAN_DEFAULT_unless_a_backend_is_named(monkeypatch, device):
+def test_abs_median_without_a_backend_times_both_on_cuda_and_takes_the_reference_elsewhere(monkeypatch, device):
     import adahop_kernels.pattern_stats as ps
 
     calls = []
     monkeypatch.setattr(ps, "abs_median", lambda x: calls.append("kernel") or reference(x))
     monkeypatch.delenv("ADAHOP_BACKEND", raising=False)
     x = torch.randn(8, 9).to(device)
-    ops.abs_median(x)
-    assert calls == ([] if ops.ABS_MEDIAN_DEFAULT == "reference" else ["kernel"])
+    assert set(ops.ABS_MEDIAN_CUDA.candidates) == {"torch.median", "radix-select kernel"}
+    monkeypatch.setattr(ops, "ABS_MEDIAN_CUDA", lambda x: calls.append("faster-of") or reference(x))
+    assert torch.equal(ops.abs_median(x), reference(x))
+    assert calls == (["faster-of"] if x.is_cuda else [])
+    calls.clear()
     ops.abs_median(x, backend="triton")
     monkeypatch.setenv("ADAHOP_BACKEND", "triton")
     ops.abs_median(x)
-    assert calls[-2:] == ["kernel", "kernel"]
+    assert calls == ["kernel", "kernel"]
