@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from adahop.ops import check_float_matrix
+
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
@@ -31,8 +33,6 @@ def check_line_input(x: torch.Tensor, splits: int | None, empty_rows: str) -> No
     """The checks of a per-row reduction split along its rows (``row_absmax``, ``abs_median``): a float
     matrix this machine can run, rows that are not empty (``empty_rows`` says why they must not be),
     ``splits`` None or a positive int."""
-    from adahop.ops import check_float_matrix
-
     check_float_matrix(x)
     check_device(x, "x")
     if x.shape[1] == 0:
