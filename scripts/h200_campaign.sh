@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # H200 campaign in pieces that fit one device call (10 minutes). Usage:
 #   bash scripts/h200_campaign.sh STAGE [STAGE ...]
-# Stages: tests, microbench, layers, memory, patterns (the gpu profile's pattern study: needs data/carry/full
+# Stages: tests (experiments/kernel_tests.py: tests/kernels and tests/test_formats.py compiled on the GPU,
+#         $OUT/tests.json, one record per test), microbench, layers, memory, patterns (the gpu profile's pattern study: needs data/carry/full
 #         carried), strategies (the strategy map of every adahop run, its calibration replayed; the
 #         same carry; 353 s for the three 125m seeds on 2026-11-30, default limit 540 s), and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
 #         throughput section (125m_compile, 125m_eager, 125m_compile_ddp2 on 2 GPUs, 1b_compile): the command
@@ -30,7 +31,7 @@ for s in "$@"; do
   case "$s" in
     tests)
       stage tests
-      timeout "${STAGE_TIMEOUT_S:-240}" python3 -m pytest tests/kernels tests/test_formats.py -q -x -p no:cacheprovider 2>&1 | tail -25 | tee -a "$LOG" ;;
+      timeout "${STAGE_TIMEOUT_S:-240}" python3 experiments/kernel_tests.py --out "$OUT/tests.json" 2>&1 | tail -25 | tee -a "$LOG" ;;
     microbench)
       stage microbench
       timeout "${STAGE_TIMEOUT_S:-300}" python3 experiments/microbench.py --config config/gpu.yaml --out "$OUT/kernels.json" 2>&1 | tail -8 | tee -a "$LOG" ;;

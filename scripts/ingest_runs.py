@@ -17,7 +17,7 @@ run; then the old file moves to ``superseded/<run>-<its commit>.json`` in its fo
 tables' and figures' way, not lost); an identical one is left as it is.
 
 Stage results (an archive's ``stages/``, from its ``stage:NAME`` items, or a folder's own files) go
-to their stage's folder: ``kernels.json`` ->
+to their stage's folder: ``tests.json`` -> ``results/kernel_tests/<profile>/``, ``kernels.json`` ->
 ``results/microbench/<profile>/``, ``layers.json`` -> ``results/layer_bench/<profile>/``,
 ``memory.json`` -> ``results/memory/<profile>/``, ``patterns.json.gz`` -> ``results/patterns/<profile>/``,
 ``<run>.strategies.json`` -> ``results/strategies/<profile>/<run>.json``.
@@ -45,7 +45,7 @@ from adahop.provenance import REPO_ROOT, read_results
 
 KINDS = {".pretrain.json": "pretrain", ".eval.json": "eval"}
 NOT_RUNS = {"campaign", "queue"}  # <name>.log files of the queue and the campaign, not of a run
-STAGE_FILES = {"kernels.json": "microbench", "layers.json": "layer_bench", "memory.json": "memory",
+STAGE_FILES = {"tests.json": "kernel_tests", "kernels.json": "microbench", "layers.json": "layer_bench", "memory.json": "memory",
                "patterns.json.gz": "patterns"}
 
 

@@ -33,7 +33,7 @@ from adahop.recipes import get_recipe
 # What each stage took on the H200 (results/logs/h200-*: memory 370 s at f36af21, before the run-map
 # records added three 125m models, about 40 s more; microbench 180 and 186 s and layers 226 s in
 # session 10, h200-2026-12-01-s10*, with the pattern-detection benchmark and its peers).
-STAGE_S = {"microbench": 190, "layers": 230, "memory": 410, "patterns": 420, "strategies": 360}
+STAGE_S = {"tests": 200, "microbench": 190, "layers": 230, "memory": 410, "patterns": 420, "strategies": 360}
 
 
 def planned(pretrain: dict) -> list[tuple[str, bool]]:

@@ -135,9 +135,12 @@ def test_a_campaign_folder_of_stage_results_and_its_log(tmp_path):
     folder = tmp_path / "campaign"
     folder.mkdir()
     shutil.copy(REPO / "results" / "layer_bench" / "gpu" / "layers.json", folder / "layers.json")
+    # the tests stage's file (any results file of a clean commit stands for it here)
+    shutil.copy(REPO / "results" / "layer_bench" / "gpu" / "layers.json", folder / "tests.json")
     (folder / "campaign.log").write_text("=== layers 23:18:26\n")
     assert ingest(tmp_path, folder) == 0
     assert (tmp_path / "results" / "layer_bench" / "gpu" / "layers.json").exists()
+    assert (tmp_path / "results" / "kernel_tests" / "gpu" / "tests.json").exists()
     assert not (tmp_path / "results" / "pretrain").exists()
     assert (tmp_path / "logs" / "campaign.log").read_text() == "=== layers 23:18:26\n"
 

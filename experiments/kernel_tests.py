@@ -1,0 +1,112 @@
+"""The kernel tests on this machine's device, kept as a results file: ``results/kernel_tests/``.
+
+    python experiments/kernel_tests.py --out results/kernel_tests/gpu/tests.json
+    python experiments/kernel_tests.py --select pattern_stats --out /tmp/tests.json   # a subset
+
+CI has no GPU: there the kernels run in Triton's interpreter (tests/conftest.py), so whether they
+compile and agree with their references on a real GPU is only known from a run on one. This runs
+``pytest tests/kernels tests/test_formats.py`` (or the given paths) in a subprocess, with
+``--junitxml`` (pytest's own report), and writes one record per test through
+:func:`adahop.provenance.write_results`: ``test`` (its pytest node id), ``outcome`` (passed,
+failed, error or skipped; an xfail counts as skipped), ``duration_s`` and ``message`` (the failure's
+or skip's first line, else None). The provenance adds pytest's command and exit code and the GPUs'
+state before and after (the device the kernels compiled for is the provenance's ``device``).
+
+Exit status: pytest's (a failing test fails the stage) once the file is written; 1 without any
+test report (pytest could not start, or was killed: nothing is written then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from adahop.provenance import REPO_ROOT, gpu_state, write_results
+
+DEFAULT_PATHS = ["tests/kernels", "tests/test_formats.py"]
+# junit elements of a test that did not pass, worst first: a test with an error in its teardown
+# after a failed call is an error.
+OUTCOMES = (("error", "error"), ("failure", "failed"), ("skipped", "skipped"))
+
+
+def node_id(case: ET.Element) -> str:
+    """The pytest node id of a junit ``testcase`` (xunit1: ``file``, ``classname``, ``name``):
+    the file, then the class path (``classname`` past the file's module path), then the name."""
+    file = case.get("file")
+    classname, name = case.get("classname", ""), case.get("name", "")
+    if not file:
+        return f"{classname}::{name}" if classname else name
+    module = file[:-3].replace("/", ".") if file.endswith(".py") else file.replace("/", ".")
+    classes = classname[len(module):].lstrip(".") if classname.startswith(module) else ""
+    return "::".join([file, *classes.split(".")] if classes else [file]) + f"::{name}"
+
+
+def records_from_junit(xml_text: str) -> list[dict[str, Any]]:
+    """One record per ``testcase`` of a pytest junit report (``-o junit_family=xunit1``)."""
+    records = []
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        outcome, message = "passed", None
+        for tag, name in OUTCOMES:
+            element = case.find(tag)
+            if element is not None:
+                outcome = name
+                text = element.get("message") or element.text or ""
+                message = text.strip().splitlines()[0] if text.strip() else None
+                break
+        records.append({"test": node_id(case), "outcome": outcome,
+                        "duration_s": float(case.get("time") or 0.0), "message": message})
+    return records
+
+
+def run_tests(paths: list[str], select: str | None, junit: Path) -> tuple[int, list[str], dict]:
+    """pytest over ``paths`` in a subprocess (tests/conftest.py decides interpreter or compiler
+    before Triton is imported); returns its exit code, the command and the GPUs' state around it."""
+    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-rfEs", "-p", "no:cacheprovider",
+           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    if select:
+        cmd += ["-k", select]
+    print("kernel_tests:", " ".join(cmd), flush=True)
+    before = gpu_state()
+    rc = subprocess.run(cmd, cwd=REPO_ROOT).returncode
+    return rc, cmd, {"before": before, "after": gpu_state()}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("paths", nargs="*", default=DEFAULT_PATHS,
+                   help=f"test files or folders, relative to the repo root (default: {' '.join(DEFAULT_PATHS)})")
+    p.add_argument("--select", help="pytest -k expression")
+    p.add_argument("--out", type=Path, required=True, help="results file (e.g. results/kernel_tests/gpu/tests.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace a results file of another selection")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        junit = Path(tmp) / "junit.xml"
+        rc, cmd, gpu = run_tests(args.paths, args.select, junit)
+        if not junit.exists():
+            print(f"kernel_tests: pytest exited {rc} without a report; nothing written", file=sys.stderr)
+            return rc or 1
+        records = records_from_junit(junit.read_text())
+    if not records:
+        print(f"kernel_tests: pytest exited {rc} and ran no test; nothing written", file=sys.stderr)
+        return rc or 1
+    write_results(args.out, records, config={"paths": args.paths, "select": args.select},
+                  overwrite=args.overwrite, extra_provenance={
+                      "pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu})
+    counts = Counter(r["outcome"] for r in records)
+    print(f"kernel_tests: {len(records)} tests ({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}) "
+          f"-> {args.out} (pytest exit code {rc})")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

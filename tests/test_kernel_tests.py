@@ -1,0 +1,84 @@
+"""experiments/kernel_tests.py: pytest's report of a test run, as a results file."""
+
+import importlib.util
+import json
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from adahop.provenance import REPO_ROOT
+
+spec = importlib.util.spec_from_file_location("kernel_tests_script", REPO_ROOT / "experiments" / "kernel_tests.py")
+kernel_tests = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(kernel_tests)
+
+MODULE = textwrap.dedent('''
+    import pytest
+
+    @pytest.fixture
+    def broken():
+        raise RuntimeError("fixture broke")
+
+    def test_pass():
+        pass
+
+    @pytest.mark.parametrize("n", [1, 2])
+    def test_param(n):
+        assert n == 1, "n is not 1"
+
+    def test_skip():
+        pytest.skip("no GPU here")
+
+    @pytest.mark.xfail(reason="known")
+    def test_xfail():
+        assert False
+
+    def test_error(broken):
+        pass
+
+    class TestGroup:
+        def test_method(self):
+            pass
+''')
+
+
+def test_every_outcome_becomes_a_record_with_its_node_id(tmp_path):
+    tests = tmp_path / "suite" / "test_sample.py"
+    tests.parent.mkdir()
+    tests.write_text(MODULE)
+    out = tmp_path / "tests.json"
+    assert kernel_tests.main([str(tests), "--out", str(out)]) == 1  # pytest's: a test failed
+    doc = json.loads(out.read_text())
+    got = {r["test"].split("test_sample.py::")[1]: (r["outcome"], r["message"]) for r in doc["records"]}
+    assert got == {
+        "test_pass": ("passed", None),
+        "test_param[1]": ("passed", None),
+        "test_param[2]": ("failed", "AssertionError: n is not 1"),
+        "test_skip": ("skipped", "no GPU here"),
+        "test_xfail": ("skipped", "known"),
+        "test_error": ("error", 'failed on setup with "RuntimeError: fixture broke"'),
+        "TestGroup::test_method": ("passed", None),
+    }
+    assert all(r["duration_s"] >= 0 for r in doc["records"])
+    prov = doc["provenance"]
+    assert prov["pytest_exit_code"] == 1 and prov["config"] == {"paths": [str(tests)], "select": None}
+
+
+def test_a_run_without_tests_writes_nothing(tmp_path):
+    tests = tmp_path / "test_none.py"
+    tests.write_text("def test_a():\n    pass\n")
+    out = tmp_path / "tests.json"
+    assert kernel_tests.main([str(tests), "--select", "no_such_test", "--out", str(out)]) == 5  # pytest: none collected
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("attrs, expected", [
+    ({"file": "tests/kernels/test_x.py", "classname": "tests.kernels.test_x", "name": "test_a[1]"},
+     "tests/kernels/test_x.py::test_a[1]"),
+    ({"file": "tests/kernels/test_x.py", "classname": "tests.kernels.test_x.TestA.TestB", "name": "test_a"},
+     "tests/kernels/test_x.py::TestA::TestB::test_a"),
+    ({"classname": "tests.test_y", "name": "test_b"}, "tests.test_y::test_b"),
+])
+def test_node_id_of_a_junit_testcase(attrs, expected):
+    assert kernel_tests.node_id(ET.Element("testcase", attrs)) == expected
