@@ -10,8 +10,8 @@ the committed runs of its recipe: the training tokens over their median tokens/s
 ``--eval-s`` for lm-eval; a recipe without runs takes the median over the quantized recipes. A
 policy recipe adds its calibrating steps (``Recipe.calibration_windows`` under the profile's
 ``recipe_overrides``) times what a calibrating step cost above a plain one in the committed runs
-(their ``calibration``, at the newest commit that has any: 1.0 s on the H200 at 125m at
-5779bdd, 2.5 s before): the median tokens/s leave it out. Main
+(their ``calibration``, at the newest commit that has any: on the H200 at 125m 2.4-2.5 s at
+1773913 and 86d04bf, 1.0 s at 5779bdd, 0.34-0.36 s at 27d18ee): the median tokens/s leave it out. Main
 runs go first, then ablations, each to the GPU with the least work so far (stages first, at
 ``--stage-s`` each). Prints one queue string per GPU (the h200_queue.sh arguments), its estimated
 seconds, and the runs that would not fit ``--seconds`` per GPU (the next session's).
@@ -71,7 +71,8 @@ def calibration_step_s(pretrain_records: list[dict], default: float = 2.5) -> fl
     """What a calibrating step costs above a plain one: the median over the committed runs that
     calibrate on a device of their own (their ``calibration``, ``adahop.train.step_times``; the
     quality table's rule, ``shared_device``) made at the newest commit among them (``made_at``: the
-    detector's code changes the cost, 2.4-2.5 s at 1773913 and 86d04bf, 1.0 s at 5779bdd);
+    detector's code changes the cost, 2.4-2.5 s at 1773913 and 86d04bf, 1.0 s at 5779bdd, 0.34-0.36 s
+    at 27d18ee with the detector's kernels);
     ``default`` without any."""
     eligible = [r for r in pretrain_records
                 if r.get("calibration") and r["calibration"]["steps"] and shared_device(r) is None]
