@@ -19,7 +19,6 @@ test report (pytest could not start, or was killed: nothing is written then).
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -27,7 +26,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from adahop.provenance import REPO_ROOT, gpu_state, write_results
+import microbench  # experiments/ is on sys.path when this script runs
+from adahop.provenance import write_results
 
 DEFAULT_PATHS = ["tests/kernels", "tests/test_formats.py"]
 # junit elements of a test that did not pass, worst first: a test with an error in its teardown
@@ -65,16 +65,11 @@ def records_from_junit(xml_text: str) -> list[dict[str, Any]]:
 
 
 def run_tests(paths: list[str], select: str | None, junit: Path) -> tuple[int, list[str], dict]:
-    """pytest over ``paths`` in a subprocess (tests/conftest.py decides interpreter or compiler
-    before Triton is imported); returns its exit code, the command and the GPUs' state around it."""
-    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-rfEs", "-p", "no:cacheprovider",
-           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    """pytest over ``paths`` with a junit report (:func:`microbench.run_pytest`)."""
+    args = [*paths, "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     if select:
-        cmd += ["-k", select]
-    print("kernel_tests:", " ".join(cmd), flush=True)
-    before = gpu_state()
-    rc = subprocess.run(cmd, cwd=REPO_ROOT).returncode
-    return rc, cmd, {"before": before, "after": gpu_state()}
+        args += ["-k", select]
+    return microbench.run_pytest("kernel_tests", args)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -79,18 +79,24 @@ def records_from_benchmark_json(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str], dict]:
-    """Run the suite in a subprocess; returns pytest's exit code, the command, and the GPUs' state
-    before and after (:func:`adahop.provenance.gpu_state`, None without nvidia-smi) for the
-    provenance."""
-    cmd = [sys.executable, "-m", "pytest", BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
-    if select:
-        cmd += ["-k", select]
-    env = {**os.environ, "ADAHOP_BENCH_PROFILE": bench_profile}
-    print("microbench:", " ".join(cmd), f"(ADAHOP_BENCH_PROFILE={bench_profile})", flush=True)
+def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str], dict]:
+    """``pytest ARGS`` in a subprocess from the repo root (tests/conftest.py then decides interpreter
+    or compiler before Triton is imported), with ``env`` added to the environment; returns pytest's
+    exit code, the command, and the GPUs' state before and after (:func:`adahop.provenance.gpu_state`,
+    None without nvidia-smi) for the provenance."""
+    cmd = [sys.executable, "-m", "pytest", *args]
+    print(f"{stage}:", " ".join(cmd), *(f"({k}={v})" for k, v in (env or {}).items()), flush=True)
     before = gpu_state()
-    rc = subprocess.run(cmd, cwd=REPO_ROOT, env=env).returncode
+    rc = subprocess.run(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})}).returncode
     return rc, cmd, {"before": before, "after": gpu_state()}
+
+
+def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str], dict]:
+    """Run the suite in a subprocess (:func:`run_pytest`)."""
+    args = [BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
+    if select:
+        args += ["-k", select]
+    return run_pytest("microbench", args, {"ADAHOP_BENCH_PROFILE": bench_profile})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 import textwrap
 import xml.etree.ElementTree as ET
 
@@ -11,7 +12,11 @@ from adahop.provenance import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("kernel_tests_script", REPO_ROOT / "experiments" / "kernel_tests.py")
 kernel_tests = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(kernel_tests)
+sys.path.insert(0, str(REPO_ROOT / "experiments"))  # as when the script runs: it imports microbench
+try:
+    spec.loader.exec_module(kernel_tests)
+finally:
+    sys.path.remove(str(REPO_ROOT / "experiments"))
 
 MODULE = textwrap.dedent('''
     import pytest
