@@ -4,9 +4,11 @@
 #
 #   ADAHOP_GIT_COMMIT=<full sha: git rev-parse HEAD> ADAHOP_GIT_DIRTY=0 bash scripts/h200_queue.sh "RECIPE:SEED ..." ["RECIPE:SEED ..."]
 #
-# An item may also be stage:tests, stage:microbench, stage:layers, stage:memory, stage:patterns or stage:strategies: that stage of
-# scripts/h200_campaign.sh, given the time left (a stage cannot resume; its results file, under
-# stages/ in the archive, marks it done).
+# An item may also be stage:tests, stage:microbench, stage:layers, stage:memory, stage:patterns,
+# stage:strategies or stage:throughput-RUN (RUN: a one-GPU run of config/gpu.yaml's throughput
+# section, e.g. 125m_eager): that stage of scripts/h200_campaign.sh, given the time left (a stage
+# cannot resume; its results file, under stages/ in the archive, marks it done; a throughput run
+# cut off keeps the recipes it finished).
 # One argument per GPU (CUDA_VISIBLE_DEVICES=0, 1, ...; see RUNS_PER_GPU): the runs it works through in order,
 # each by scripts/h200_pretrain.sh with the time left in this call. A run resumes from its checkpoint
 # (a warm machine keeps them between calls); one that cannot finish is stopped at the deadline by
@@ -76,6 +78,13 @@ declare -A STAGE_FILE=([tests]=tests.json [microbench]=kernels.json [layers]=lay
 # NO_NEW_RUNS call, since it leaves nothing behind for the next one.
 # tests: not yet run as a stage; tests/kernels/test_pattern_stats.py alone took 27 s on the H200 (session 11).
 declare -A STAGE_MIN_S=([tests]=240 [microbench]=240 [layers]=280 [memory]=450 [patterns]=480 [strategies]=420)
+# throughput-RUN, for the one-GPU runs of the file h200_campaign.sh reads (a DDP run needs its GPUs:
+# run the campaign itself). 420 s is a guess: 60 steps of each of 7 recipes, eager ~0.3 s a step, plus
+# each recipe's model, first step and (policies) calibration; no stage has timed a whole 125m_eager.
+for run in $(python3 -c 'import yaml
+print(*(r["name"] for r in yaml.safe_load(open("config/gpu.yaml")).get("throughput") or [] if r["world_size"] == 1))'); do
+  STAGE_FILE[throughput-$run]=$run.json STAGE_MIN_S[throughput-$run]=420
+done
 for queue in "$@"; do
   for item in $queue; do
     if [[ "$item" =~ ^stage:(.*)$ ]]; then

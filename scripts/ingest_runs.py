@@ -20,7 +20,8 @@ Stage results (an archive's ``stages/``, from its ``stage:NAME`` items, or a fol
 to their stage's folder: ``tests.json`` -> ``results/kernel_tests/<profile>/``, ``kernels.json`` ->
 ``results/microbench/<profile>/``, ``layers.json`` -> ``results/layer_bench/<profile>/``,
 ``memory.json`` -> ``results/memory/<profile>/``, ``patterns.json.gz`` -> ``results/patterns/<profile>/``,
-``<run>.strategies.json`` -> ``results/strategies/<profile>/<run>.json``.
+``<run>.strategies.json`` -> ``results/strategies/<profile>/<run>.json``, ``<RUN>.json`` of a run
+of ``config/<profile>.yaml``'s throughput section -> ``results/throughput/<profile>/``.
 A different file already there is kept as ``<name>-<its commit>`` beside the new one, with
 ``--replace-stages`` only. Every results
 file must carry a provenance with a clean commit (``git_dirty`` false), else it is refused. Then
@@ -39,6 +40,8 @@ import sys
 import tarfile
 import tempfile
 from pathlib import Path
+
+import yaml
 
 from adahop.eval import write_table
 from adahop.provenance import REPO_ROOT, read_results
@@ -71,10 +74,19 @@ def run_files(folder: Path) -> dict[str, dict[str, Path]]:
     return runs
 
 
+def throughput_runs(profile: str) -> list[str]:
+    """The names of ``config/<profile>.yaml``'s throughput runs (none without that file)."""
+    config = REPO_ROOT / "config" / f"{profile}.yaml"
+    if not config.exists():
+        return []
+    return [run["name"] for run in yaml.safe_load(config.read_text()).get("throughput") or []]
+
+
 def stage_files(folder: Path, args: argparse.Namespace) -> list[tuple[Path, Path]]:
     """``(source, destination)`` of the stage results in ``folder``."""
+    names = {**STAGE_FILES, **{f"{run}.json": "throughput" for run in throughput_runs(args.profile)}}
     files = [(folder / name, args.results_root / stage / args.profile / name)
-             for name, stage in STAGE_FILES.items() if (folder / name).exists()]
+             for name, stage in names.items() if (folder / name).exists()]
     return files + [(path, args.results_root / "strategies" / args.profile / path.name.replace(".strategies", ""))
                     for path in sorted(folder.glob("*.strategies.json"))]
 

@@ -34,6 +34,9 @@ from adahop.recipes import get_recipe
 # records added three 125m models, about 40 s more; microbench 180 and 186 s and layers 226 s in
 # session 10, h200-2026-12-01-s10*, with the pattern-detection benchmark and its peers).
 STAGE_S = {"tests": 200, "microbench": 190, "layers": 230, "memory": 410, "patterns": 420, "strategies": 360}
+# A throughput-RUN stage (a one-GPU run of the profile's throughput section): not yet timed whole;
+# h200_queue.sh's guess less its margin.
+THROUGHPUT_STAGE_S = 400
 
 
 def planned(pretrain: dict) -> list[tuple[str, bool]]:
@@ -104,10 +107,12 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--gpus must be >= 1")
     profile = yaml.safe_load(args.config.read_text())
     pretrain, name = profile["pretrain"], profile.get("profile", args.config.stem)
+    stage_s = {**STAGE_S, **{f"throughput-{run['name']}": THROUGHPUT_STAGE_S
+                             for run in profile.get("throughput") or [] if run["world_size"] == 1}}
     stages = [s for s in args.stages.split(",") if s]
-    unknown = sorted(set(stages) - set(STAGE_S))
+    unknown = sorted(set(stages) - set(stage_s))
     if unknown:
-        p.error(f"unknown stages {unknown}; known: {sorted(STAGE_S)}")
+        p.error(f"unknown stages {unknown}; known: {sorted(stage_s)}")
     records = {stage: load(REPO_ROOT / "results" / stage / name) for stage in ("pretrain", "eval")}
     plan = planned(pretrain)
     state = progress([r for r, _ in plan], records["pretrain"], records["eval"])
@@ -122,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     for stage in stages:
         i = load_s.index(min(load_s))
         queues[i].append(f"stage:{stage}")
-        load_s[i] += args.stage_s if args.stage_s is not None else STAGE_S[stage]
+        load_s[i] += args.stage_s if args.stage_s is not None else stage_s[stage]
     for run, _ in todo:
         _, recipe, seed = split_run_name(run)
         need = seconds.get(recipe, seconds["*"]) + calibrating_steps(recipe, pretrain) * per_cal_step

@@ -198,7 +198,9 @@ def test_queues_may_share_a_gpu_and_their_runs_say_so(bundle, tmp_path):
 
 
 @pytest.mark.parametrize("item, message", [("bf16-0", "not RECIPE:SEED or stage:NAME: 'bf16-0'"),
-                                           ("stage:bogus", "unknown stage in 'stage:bogus'")])
+                                           ("stage:bogus", "unknown stage in 'stage:bogus'"),
+                                           # a DDP throughput run needs its GPUs: the campaign runs it, not a queue
+                                           ("stage:throughput-125m_compile_ddp2", "unknown stage")])
 def test_queue_refuses_a_malformed_item(bundle, tmp_path, item, message):
     _, bundle_dir = bundle
     done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), item, script=QUEUE)
@@ -252,6 +254,14 @@ def test_queue_last_call_starts_no_new_run_nor_a_stage_it_has_no_time_for(bundle
     assert f"stage layers needs {guard}s: it waits for the next call" in done.stdout
     files = archive(tmp_path / "out")
     assert not any(name.endswith(".json") for name in files) and not (tmp_path / "runs").exists()
+
+
+def test_queue_takes_a_one_gpu_throughput_run_as_a_stage(bundle, tmp_path):
+    _, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "stage:throughput-125m_eager",
+                      script=QUEUE, DEADLINE_S="200")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "stage throughput-125m_eager needs 420s: it waits for the next call" in done.stdout
 
 
 def test_campaign_layers_stage_refuses_to_run_without_torchao(tmp_path):

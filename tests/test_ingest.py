@@ -145,6 +145,20 @@ def test_a_campaign_folder_of_stage_results_and_its_log(tmp_path):
     assert (tmp_path / "logs" / "campaign.log").read_text() == "=== layers 23:18:26\n"
 
 
+def test_a_throughput_run_of_the_profile_lands_under_throughput(tmp_path):
+    stages = tmp_path / "archive" / "stages"
+    stages.mkdir(parents=True)
+    shutil.copy(REPO / "results" / "throughput" / "gpu" / "125m_eager.json", stages / "125m_eager.json")
+    shutil.copy(REPO / "results" / "throughput" / "gpu" / "125m_eager.json", stages / "not_a_run.json")
+    archive = tmp_path / "queue.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(stages, arcname="stages")
+    assert ingest(tmp_path, archive) == 0
+    assert [p.name for p in (tmp_path / "results").rglob("*.json")] == ["125m_eager.json"]
+    assert (tmp_path / "results" / "throughput" / "gpu" / "125m_eager.json").read_bytes() == (
+        stages / "125m_eager.json").read_bytes()
+
+
 def test_a_log_replaces_one_it_extends_and_files_beside_any_other(tmp_path):
     logs, src = tmp_path / "logs", tmp_path / "campaign.log"
     logs.mkdir()

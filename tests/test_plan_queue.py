@@ -66,6 +66,20 @@ def test_the_queue_guards_each_stage_with_at_least_the_plans_estimate():
     assert all(guard[stage] >= seconds for stage, seconds in plan_queue.STAGE_S.items()), (guard, plan_queue.STAGE_S)
 
 
+def test_a_one_gpu_throughput_run_is_a_stage_and_the_queue_guards_it(capsys):
+    profile = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())
+    one_gpu = [r["name"] for r in profile["throughput"] if r["world_size"] == 1]
+    ddp = [r["name"] for r in profile["throughput"] if r["world_size"] > 1]
+    assert one_gpu and ddp
+    assert plan_queue.main(["--gpus", "1", "--seconds", "1e9", "--stages", f"throughput-{one_gpu[0]}"]) == 0
+    assert f"stage:throughput-{one_gpu[0]}" in queued(capsys.readouterr().out)
+    with pytest.raises(SystemExit):  # a DDP run needs its GPUs: not a queue stage
+        plan_queue.main(["--stages", f"throughput-{ddp[0]}"])
+    text = (REPO / "scripts" / "h200_queue.sh").read_text()
+    guard = int(re.search(r"STAGE_MIN_S\[throughput-\$run\]=(\d+)", text).group(1))
+    assert guard >= plan_queue.THROUGHPUT_STAGE_S
+
+
 def test_a_recipe_that_calibrates_more_is_given_its_calibrating_steps():
     pretrain = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())["pretrain"]
     # 30 calibration steps (the profile's recipe_overrides), again every 250 steps for adahop-recal
