@@ -75,7 +75,8 @@ declare -A STAGE_FILE=([tests]=tests.json [microbench]=kernels.json [layers]=lay
 # 416 s, strategies 353 s; h200-2026-12-01-s8: memory 370 s, before its run-map records, about 40 s
 # more; h200-2026-12-01-s10*: microbench 180 and 186 s, layers 226 s) with a margin. A stage that cannot resume is
 # not started with less, so it does not burn the GPU's time only to be cut off; it may start in a
-# NO_NEW_RUNS call, since it leaves nothing behind for the next one.
+# NO_NEW_RUNS call, since it leaves nothing behind for the next one. The items after a stage that
+# waits still start (session 12 would have left most of a call idle behind a waiting stage).
 # tests: not yet run as a stage; tests/kernels/test_pattern_stats.py alone took 27 s on the H200 (session 11).
 declare -A STAGE_MIN_S=([tests]=240 [microbench]=240 [layers]=280 [memory]=450 [patterns]=480 [strategies]=420)
 # throughput-RUN, for the one-GPU runs of the file h200_campaign.sh reads (a DDP run needs its GPUs:
@@ -113,7 +114,7 @@ work() {  # queue index, its items
       [ -f "$QUEUE_DIR/stages/${STAGE_FILE[$stage]}" ] && continue
       if [ "$left" -lt "${STAGE_MIN_S[$stage]}" ]; then
         note "$who: ${left}s left, stage $stage needs ${STAGE_MIN_S[$stage]}s: it waits for the next call"
-        break
+        continue  # the items after it may use the time: a run resumes in the next call, a shorter stage fits
       fi
       note "$who: stage $stage (${left}s left)"
       CUDA_VISIBLE_DEVICES=$gpu OUT="$QUEUE_DIR/stages" STAGE_TIMEOUT_S=$left \

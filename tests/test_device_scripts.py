@@ -256,6 +256,14 @@ def test_queue_last_call_starts_no_new_run_nor_a_stage_it_has_no_time_for(bundle
     assert not any(name.endswith(".json") for name in files) and not (tmp_path / "runs").exists()
 
 
+def test_a_stage_that_waits_for_the_next_call_leaves_the_time_to_the_items_after_it(bundle, tmp_path):
+    _, bundle_dir = bundle
+    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=3), "stage:memory bf16:0",
+                      script=QUEUE, DEADLINE_S="300")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "stage memory needs" in done.stdout and "gpu 0: tiny_bf16_s0 rc 0" in done.stdout
+
+
 def test_queue_takes_a_one_gpu_throughput_run_as_a_stage(bundle, tmp_path):
     _, bundle_dir = bundle
     done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "stage:throughput-125m_eager",
