@@ -12,6 +12,11 @@ failed, error or skipped; an xfail counts as skipped), ``duration_s`` and ``mess
 or skip's first line, else None). The provenance adds pytest's command and exit code and the GPUs'
 state before and after (the device the kernels compiled for is the provenance's ``device``).
 
+``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
+finished: the file keeps them (not the one it stopped in, nor those after), its provenance says ``pytest_interrupted_after_s`` and pytest's exit
+code is 2. A device stage gives it its time limit less a margin, so a suite slower than the guess
+still leaves a record of what ran.
+
 Exit status: pytest's (a failing test fails the stage) once the file is written; 1 without any
 test report (pytest could not start, or was killed: nothing is written then).
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
@@ -48,9 +54,12 @@ def node_id(case: ET.Element) -> str:
 
 
 def records_from_junit(xml_text: str) -> list[dict[str, Any]]:
-    """One record per ``testcase`` of a pytest junit report (``-o junit_family=xunit1``)."""
+    """One record per ``testcase`` of a pytest junit report (``-o junit_family=xunit1``). An interrupted
+    run reports the test it stopped in as a nameless, outcome-less ``testcase``: it is left out."""
     records = []
     for case in ET.fromstring(xml_text).iter("testcase"):
+        if not case.get("name"):
+            continue
         outcome, message = "passed", None
         for tag, name in OUTCOMES:
             element = case.find(tag)
@@ -64,12 +73,13 @@ def records_from_junit(xml_text: str) -> list[dict[str, Any]]:
     return records
 
 
-def run_tests(paths: list[str], select: str | None, junit: Path) -> tuple[int, list[str], dict]:
+def run_tests(paths: list[str], select: str | None, junit: Path,
+              budget_s: float | None = None) -> tuple[int, list[str], dict]:
     """pytest over ``paths`` with a junit report (:func:`microbench.run_pytest`)."""
     args = [*paths, "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     if select:
         args += ["-k", select]
-    return microbench.run_pytest("kernel_tests", args)
+    return microbench.run_pytest("kernel_tests", args, interrupt_after_s=budget_s)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -79,14 +89,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--select", help="pytest -k expression")
     p.add_argument("--out", type=Path, required=True, help="results file (e.g. results/kernel_tests/gpu/tests.json)")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another selection")
-    return p.parse_args(argv)
+    p.add_argument("--budget-s", type=float, help="interrupt pytest after this many seconds, keeping the tests it finished")
+    args = p.parse_args(argv)
+    if args.budget_s is not None and args.budget_s <= 0:
+        p.error(f"--budget-s must be positive, got {args.budget_s:g}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        rc, cmd, gpu = run_tests(args.paths, args.select, junit)
+        start = time.monotonic()
+        rc, cmd, gpu = run_tests(args.paths, args.select, junit, args.budget_s)
+        # pytest's exit code 2 is 'interrupted'
+        interrupted = args.budget_s is not None and rc == 2 and time.monotonic() - start >= args.budget_s
         if not junit.exists():
             print(f"kernel_tests: pytest exited {rc} without a report; nothing written", file=sys.stderr)
             return rc or 1
@@ -96,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         return rc or 1
     write_results(args.out, records, config={"paths": args.paths, "select": args.select},
                   overwrite=args.overwrite, extra_provenance={
-                      "pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu})
+                      "pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu,
+                      "pytest_interrupted_after_s": args.budget_s if interrupted else None})
     counts = Counter(r["outcome"] for r in records)
     print(f"kernel_tests: {len(records)} tests ({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}) "
-          f"-> {args.out} (pytest exit code {rc})")
+          f"-> {args.out} (pytest exit code {rc}{f', interrupted after {args.budget_s:g} s' if interrupted else ''})")
     return rc
 
 

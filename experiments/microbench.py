@@ -26,6 +26,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,15 +80,34 @@ def records_from_benchmark_json(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
-def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None) -> tuple[int, list[str], dict]:
+def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
+               interrupt_after_s: float | None = None) -> tuple[int, list[str], dict]:
     """``pytest ARGS`` in a subprocess from the repo root (tests/conftest.py then decides interpreter
     or compiler before Triton is imported), with ``env`` added to the environment; returns pytest's
     exit code, the command, and the GPUs' state before and after (:func:`adahop.provenance.gpu_state`,
-    None without nvidia-smi) for the provenance."""
+    None without nvidia-smi) for the provenance.
+
+    ``interrupt_after_s``: then pytest gets SIGINT, which it handles like Ctrl-C: it stops at the
+    test it is in and still writes its reports (``--junitxml``, ``--benchmark-json``) of the tests
+    done, exit code 2 (interrupted); a pytest still running 60 s later is killed."""
     cmd = [sys.executable, "-m", "pytest", *args]
     print(f"{stage}:", " ".join(cmd), *(f"({k}={v})" for k, v in (env or {}).items()), flush=True)
     before = gpu_state()
-    rc = subprocess.run(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})}).returncode
+    # SIGINT back to its default in the child: a background job of a non-interactive shell (the device
+    # queue's) starts with it ignored, and pytest would then never see the interrupt.
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        rc = proc.wait(timeout=interrupt_after_s)
+    except subprocess.TimeoutExpired:
+        print(f"{stage}: {interrupt_after_s:g} s spent: interrupting pytest, which reports the tests done so far",
+              flush=True)
+        proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
     return rc, cmd, {"before": before, "after": gpu_state()}
 
 

@@ -282,6 +282,17 @@ def test_campaign_layers_stage_refuses_to_run_without_torchao(tmp_path):
     assert not (tmp_path / "out" / "layers.json").exists()
 
 
+def test_campaign_tests_stage_keeps_the_tests_it_finished_when_its_time_runs_out(tmp_path):
+    """The kernel suite (here in Triton's interpreter) is interrupted 30 s before the stage's limit and
+    its record keeps what ran: a suite slower than the queue's guess still leaves a results file."""
+    done = run_script(tmp_path, tmp_path, tmp_path / "unused.yaml", "tests", script=REPO / "scripts" / "h200_campaign.sh",
+                      STAGE_TIMEOUT_S="30", ADAHOP_GIT_DIRTY="0")
+    assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]  # pytest's: interrupted
+    doc = json.loads((tmp_path / "out" / "tests.json").read_text())
+    assert doc["provenance"]["pytest_interrupted_after_s"] == 15 and doc["provenance"]["pytest_exit_code"] == 2
+    assert doc["records"] and all(r["test"].startswith(("tests/kernels/", "tests/test_formats.py")) for r in doc["records"])
+
+
 def test_queue_last_call_still_starts_a_stage_it_has_time_for(bundle, tmp_path):
     """A stage leaves nothing behind for a next call, so NO_NEW_RUNS does not hold it back. (Here the
     layers stage stops at once for want of torchao, which keeps the test short.)"""

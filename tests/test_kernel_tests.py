@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import signal
+import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
@@ -68,6 +70,7 @@ def test_every_outcome_becomes_a_record_with_its_node_id(tmp_path):
     assert all(r["duration_s"] >= 0 for r in doc["records"])
     prov = doc["provenance"]
     assert prov["pytest_exit_code"] == 1 and prov["config"] == {"paths": [str(tests)], "select": None}
+    assert prov["pytest_interrupted_after_s"] is None
 
 
 def test_a_run_without_tests_writes_nothing(tmp_path):
@@ -87,3 +90,34 @@ def test_a_run_without_tests_writes_nothing(tmp_path):
 ])
 def test_node_id_of_a_junit_testcase(attrs, expected):
     assert kernel_tests.node_id(ET.Element("testcase", attrs)) == expected
+
+
+def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
+    tests = tmp_path / "test_slow.py"
+    tests.write_text(textwrap.dedent("""
+        import time
+
+        def test_fast():
+            pass
+
+        def test_slow():
+            time.sleep(120)
+
+        def test_never():
+            pass
+    """))
+    out = tmp_path / "tests.json"
+    # as the device queue starts it: a background job of a non-interactive shell, SIGINT ignored
+    done = subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"), str(tests),
+                           "--budget-s", "10", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                          timeout=100, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]  # pytest's: interrupted
+    doc = json.loads(out.read_text())
+    # the test it stopped in is left out (pytest reports it as a nameless testcase), as are those after
+    assert [(r["test"].split("::")[-1], r["outcome"]) for r in doc["records"]] == [("test_fast", "passed")]
+    assert doc["provenance"]["pytest_interrupted_after_s"] == 10 and doc["provenance"]["pytest_exit_code"] == 2
+
+
+def test_a_budget_must_be_positive(tmp_path):
+    with pytest.raises(SystemExit):
+        kernel_tests.main(["--budget-s", "0", "--out", str(tmp_path / "tests.json")])
