@@ -20,12 +20,6 @@
 # skipped, so the same command, called again while the machine is warm, continues where the last
 # call stopped.
 #
-# A host lent again in a later session may still hold an earlier session's /tmp and build outputs
-# (session 12 found session 9-11's queue files there). So the queue's files are kept per commit: a
-# run or stage done at another commit neither skips this commit's item nor comes back in its
-# archive. Its run folder (RUNS_DIR) is shared: a checkpoint left there by another commit is resumed,
-# and the run's record lists every commit that trained it (its segments).
-#
 # Everything the runs wrote so far (QUEUE_DIR, kept on the machine) comes back as one archive,
 # $OUT/queue.tar.gz (a call brings back at most 8 files), beside $OUT/queue.log: per run
 # <run>.pretrain.json, .eval.json, .metrics.jsonl and .log as scripts/h200_pretrain.sh describes.
@@ -38,8 +32,7 @@
 #                 then is lost when the machine goes back); stages still start (see STAGE_MIN_S)
 #   EVAL_MIN_S    (default 200, 130 with NO_NEW_RUNS=1: see above)
 #   KILL_AFTER_S (default 20), PRETRAIN_CONFIG, RUNS_DIR, ...: passed to h200_pretrain.sh
-#   QUEUE_DIR     where the runs' files collect (default QUEUE_ROOT/<the commit's first 12 digits>,
-#                 QUEUE_ROOT default /tmp/adahop_queue)
+#   QUEUE_DIR     where the runs' files collect (default /tmp/adahop_queue)
 #   MIN_LEFT_S    a GPU starts its next run only with this many seconds left (default 60)
 #   RUNS_PER_GPU  queues that share one GPU (default 1): queue i runs on GPU i / RUNS_PER_GPU. Meant
 #                 to fill the idle GPU time of the host-bound eager runs, but measured slower (session
@@ -60,8 +53,7 @@ fi
 DEADLINE_S=${DEADLINE_S:-550}
 RUNS_PER_GPU=${RUNS_PER_GPU:-1}
 [[ "$RUNS_PER_GPU" =~ ^[1-9][0-9]*$ ]] || { echo "RUNS_PER_GPU must be a positive integer, got '$RUNS_PER_GPU'" >&2; exit 2; }
-QUEUE_ROOT=${QUEUE_ROOT:-/tmp/adahop_queue}
-QUEUE_DIR=${QUEUE_DIR:-$QUEUE_ROOT/${ADAHOP_GIT_COMMIT:0:12}}
+QUEUE_DIR=${QUEUE_DIR:-/tmp/adahop_queue}
 OUT=${OUT:-/tmp/out}
 START=$SECONDS
 if [ -z "${EVAL_MIN_S:-}" ]; then  # see the header
@@ -142,8 +134,6 @@ work() {  # queue index, its items
 }
 
 note "start: $# queue(s), $RUNS_PER_GPU per GPU, deadline ${DEADLINE_S}s, lm-eval from ${EVAL_MIN_S}s left, commit $ADAHOP_GIT_COMMIT (dirty $ADAHOP_GIT_DIRTY)"
-others=$(ls -d "$QUEUE_ROOT"/* 2>/dev/null | grep -vxF "$QUEUE_DIR" | tr '\n' ' ')
-[ -n "$others" ] && note "left alone: queue files of other commits on this machine: $others"
 q=0
 for queue in "$@"; do
   touch "$QUEUE_DIR/gpu$q.txt"

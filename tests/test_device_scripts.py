@@ -228,22 +228,6 @@ def test_queue_skips_a_stage_whose_results_file_is_there(bundle, tmp_path):
     assert archive(tmp_path / "out")["stages/layers.json"] == b"{}"
 
 
-def test_queue_files_of_another_commit_neither_skip_an_item_nor_come_back(bundle, tmp_path):
-    # A host lent again keeps /tmp: session 12 found sessions 9-11's queue files there.
-    _, bundle_dir = bundle
-    root = tmp_path / "qroot"
-    other = root / ("f" * 12)
-    (other / "stages").mkdir(parents=True)
-    (other / "stages" / "layers.json").write_text("{}")  # done at another commit
-    done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "stage:layers", script=QUEUE,
-                      QUEUE_DIR="", QUEUE_ROOT=str(root))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert f"left alone: queue files of other commits on this machine: {other}" in done.stdout
-    assert "gpu 0: stage layers" in done.stdout  # not skipped: this commit has no layers.json
-    assert "stages/layers.json" not in archive(tmp_path / "out")
-    assert (root / COMMIT[:12] / "queue.log").is_file() and (other / "stages" / "layers.json").read_text() == "{}"
-
-
 def test_queue_last_call_starts_no_new_run_nor_a_stage_it_has_no_time_for(bundle, tmp_path):
     _, bundle_dir = bundle
     done = run_script(tmp_path, bundle_dir, profile(tmp_path / "p.yaml", steps=6), "bf16:0 stage:layers",
