@@ -68,7 +68,7 @@ declare -A STAGE_FILE=([tests]=tests.json [microbench]=kernels.json [layers]=lay
 # more; h200-2026-12-01-s10*: microbench 180 and 186 s, layers 226 s) with a margin. A stage that cannot resume is
 # not started with less, so it does not burn the GPU's time only to be cut off; it may start in a
 # NO_NEW_RUNS call, since it leaves nothing behind for the next one. The items after a stage that
-# waits still start (session 12 would have left most of a call idle behind a waiting stage).
+# waits still start (plan_queue.py puts stages first: a waiting stage would idle the rest of a call).
 # tests: not yet run as a stage; tests/kernels/test_pattern_stats.py alone took 27 s on the H200 (session 11).
 declare -A STAGE_MIN_S=([tests]=240 [microbench]=240 [layers]=280 [memory]=450 [patterns]=480 [strategies]=420)
 # throughput-RUN, for the one-GPU runs of the file h200_campaign.sh reads (a DDP run needs its GPUs:
