@@ -170,6 +170,22 @@ def with_gpu_sharing(record: Mapping[str, Any], provenance: Mapping[str, Any]) -
     return {**record, "runs_per_gpu": int(shared or 1)}
 
 
+def split_records(docs: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pretraining records (with :func:`with_gpu_sharing`) and the lm-eval records of results
+    documents ``(path, doc)``, in any order and number; a record that is neither raises ValueError
+    naming its file."""
+    pretrain, evals = [], []
+    for path, doc in docs:
+        for r in doc["records"]:
+            if "task" in r:
+                evals.append(r)
+            elif "final_val_loss" in r:
+                pretrain.append(with_gpu_sharing(r, doc["provenance"]))
+            else:
+                raise ValueError(f"{path}: a record that is neither pretraining nor lm-eval: {sorted(r)[:8]}")
+    return pretrain, evals
+
+
 def shared_device(record: Mapping[str, Any]) -> str | None:
     """Why a pretraining record's step times are not one device's (it ran on several GPUs, or shared
     its GPU with another run: :func:`with_gpu_sharing`), or None."""

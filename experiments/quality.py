@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 
 from adahop.provenance import atomic_write_text, read_results, table_script_args, write_results
-from adahop.quality import markdown, progress, quality_rows, with_gpu_sharing
+from adahop.quality import markdown, progress, quality_rows, split_records
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,17 +25,9 @@ def main(argv: list[str] | None = None) -> int:
                        help="comma-separated run names the profile plans (<model>_<recipe>_s<seed>)")
 
     args = table_script_args(__doc__, "pretraining and lm-eval results files", argv, planned_option)
-    pretrain, evals, commits = [], [], {}
-    for path in args.results:
-        doc = read_results(path)
-        commits[str(path)] = doc["provenance"].get("git_commit")
-        for r in doc["records"]:
-            if "task" in r:
-                evals.append(r)
-            elif "final_val_loss" in r:
-                pretrain.append(with_gpu_sharing(r, doc["provenance"]))
-            else:
-                raise ValueError(f"{path}: a record that is neither pretraining nor lm-eval: {sorted(r)[:8]}")
+    docs = [(str(path), read_results(path)) for path in args.results]
+    commits = {path: doc["provenance"].get("git_commit") for path, doc in docs}
+    pretrain, evals = split_records(docs)
     rows = quality_rows(pretrain, evals)
     if not rows:
         print(f"quality: no pretraining or lm-eval records in {len(args.results)} file(s)", file=sys.stderr)

@@ -16,17 +16,20 @@ FIGURE_INPUTS = {
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
     "fig7_e2e_throughput": [results_path("throughput", name) for name in THROUGHPUT],
     "fig9_train_time": [results_path("pretrain", run) for run in RUNS],
+    "fig10_paired_gaps": [results_path(stage, run) for stage in ("pretrain", "eval") for run in RUNS],
 }
 if CALIBRATING_RUNS:  # a profile without adahop has no strategy map to draw
     FIGURE_INPUTS["fig8_strategy_map"] = [results_path("strategies", run) for run in CALIBRATING_RUNS]
 # Figures of per-run results (pretraining, lm-eval): with committed results, drawn from the runs
 # committed so far while a campaign is under way (common.smk, results_inputs).
-PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval", "fig8_strategy_map", "fig9_train_time")
+PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval", "fig8_strategy_map", "fig9_train_time", "fig10_paired_gaps")
 # Read beside the results: the paper's own numbers, each citing its table.
 FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
 # Library code a figure computes with (a change there redraws it): figure 3's gap to bf16 is
-# adahop.quality's, the same points the quality table lists; figure 9's means are its train_time.
-FIGURE_CODE = {"fig3_loss": ["adahop/quality.py"], "fig9_train_time": ["adahop/quality.py"]}
+# adahop.quality's, the same points the quality table lists; figure 9's means are its train_time;
+# figure 10's differences its paired section.
+FIGURE_CODE = {"fig3_loss": ["adahop/quality.py"], "fig9_train_time": ["adahop/quality.py"],
+               "fig10_paired_gaps": ["adahop/quality.py"]}
 ALL_RESULTS = results_inputs(
     sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
 )

@@ -174,6 +174,12 @@ def strategies_results(work, profile, corpus) -> list[Path]:
     return out
 
 
+@pytest.fixture(scope="module")
+def quality_results(pretrain_results, eval_results) -> list[Path]:
+    """Pretraining and lm-eval results together, as the quality table reads them."""
+    return [*pretrain_results, *eval_results]
+
+
 FIGURES = {
     "fig1_patterns": "patterns_results",
     "fig2_pair_error": "patterns_results",
@@ -184,6 +190,7 @@ FIGURES = {
     "fig7_e2e_throughput": "throughput_results",
     "fig8_strategy_map": "strategies_results",
     "fig9_train_time": "pretrain_results",
+    "fig10_paired_gaps": "quality_results",
 }
 
 
@@ -225,6 +232,15 @@ def test_figure_script_refuses_results_of_another_stage(work, profile, memory_re
     with pytest.raises(ValueError, match=r"lack \['loss_curve'"):
         run_main(ROOT / "paper_figs" / "fig3_loss.py", "--config", profile, "--out", work / "out" / "wrong", *memory_results)
     assert not (work / "out" / "wrong.png").exists()
+
+
+def test_paired_figure_refuses_results_of_another_stage_and_lm_eval_alone(work, profile, memory_results,
+                                                                          eval_results):
+    with pytest.raises(ValueError, match="neither pretraining nor lm-eval"):
+        run_main(ROOT / "paper_figs" / "fig10_paired_gaps.py", "--out", work / "out" / "wrong10", *memory_results)
+    with pytest.raises(ValueError, match="no pretraining records"):
+        run_main(ROOT / "paper_figs" / "fig10_paired_gaps.py", "--out", work / "out" / "wrong10", *eval_results)
+    assert not (work / "out" / "wrong10.png").exists()
 
 
 def test_figure_script_refuses_a_file_that_is_not_a_results_file(work, profile):
