@@ -89,6 +89,8 @@ def main(argv: list[str] | None = None) -> None:
     handles += [plt.Line2D([], [], color="0.3", marker="|", markersize=14, markeredgewidth=2.5, linestyle="",
                            label="mean"),
                 plt.Line2D([], [], color="0.3", linewidth=2.2, alpha=0.8, label="95% interval (2+ seeds)")]
+    if any(paired.get("world_size_differs") for found in per_model.values() for *_, paired in found):
+        handles.append(plt.Line2D([], [], linestyle="", label="†: one seed's two runs on different numbers of GPUs"))
     fig.legend(handles=handles, loc="outside lower center", ncol=len(handles), frameon=True)
     fig.suptitle(f"Paired by seed: recipe − baseline (below 0: the recipe is better) — {common.device_label(docs)}")
     common.save(fig, args, docs)
