@@ -81,11 +81,11 @@ def records_from_benchmark_json(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
-               interrupt_after_s: float | None = None) -> tuple[int, list[str], dict]:
+               interrupt_after_s: float | None = None) -> tuple[int, list[str], dict, bool]:
     """``pytest ARGS`` in a subprocess from the repo root (tests/conftest.py then decides interpreter
     or compiler before Triton is imported), with ``env`` added to the environment; returns pytest's
-    exit code, the command, and the GPUs' state before and after (:func:`adahop.provenance.gpu_state`,
-    None without nvidia-smi) for the provenance.
+    exit code, the command, the GPUs' state before and after (:func:`adahop.provenance.gpu_state`,
+    None without nvidia-smi) for the provenance, and whether it was interrupted.
 
     ``interrupt_after_s``: then pytest gets SIGINT, which it handles like Ctrl-C: it stops at the
     test it is in and still writes its reports (``--junitxml``, ``--benchmark-json``) of the tests
@@ -97,9 +97,11 @@ def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
     # queue's) starts with it ignored, and pytest would then never see the interrupt.
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    interrupted = False
     try:
         rc = proc.wait(timeout=interrupt_after_s)
     except subprocess.TimeoutExpired:
+        interrupted = True
         print(f"{stage}: {interrupt_after_s:g} s spent: interrupting pytest, which reports the tests done so far",
               flush=True)
         proc.send_signal(signal.SIGINT)
@@ -108,7 +110,7 @@ def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
         except subprocess.TimeoutExpired:
             proc.kill()
             rc = proc.wait()
-    return rc, cmd, {"before": before, "after": gpu_state()}
+    return rc, cmd, {"before": before, "after": gpu_state()}, interrupted
 
 
 def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str], dict]:
@@ -116,7 +118,8 @@ def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> t
     args = [BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
     if select:
         args += ["-k", select]
-    return run_pytest("microbench", args, {"ADAHOP_BENCH_PROFILE": bench_profile})
+    rc, cmd, gpu, _ = run_pytest("microbench", args, {"ADAHOP_BENCH_PROFILE": bench_profile})  # never interrupted
+    return rc, cmd, gpu
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
