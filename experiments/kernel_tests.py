@@ -14,8 +14,8 @@ state before and after (the device the kernels compiled for is the provenance's 
 
 ``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
 finished: the file keeps them (not the one it stopped in, nor those after), its provenance says
-``pytest_interrupted_after_s`` and pytest's exit code is 2. A device stage gives it its time limit
-less a margin, so a suite slower than the guess still leaves a record of what ran.
+``pytest_interrupted_after_s`` and pytest's exit code is 2. The campaign's tests stage gives it its time
+limit less a margin, at most TESTS_BUDGET_S, so a slow suite still leaves a record of what ran.
 
 Exit status: pytest's (a failing test fails the stage) once the file is written; 1 without any
 test report (pytest could not start, or was killed: nothing is written then).
