@@ -89,12 +89,28 @@ def _gap_curve(points: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for t, g in sorted(by_tokens.items())]
 
 
+def check_same_data(pretrain: Iterable[Mapping[str, Any]]) -> None:
+    """Refuse to compare runs of one model trained on different data: their held-out losses are
+    on different text. Runs are told apart by ``data_sha256`` (the shards' and tokenizer's
+    digests; runs from before it was recorded carry none and are not checked)."""
+    seen: dict[str, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
+    for r in pretrain:
+        if r.get("data_sha256"):
+            digest = ",".join(f"{k}={v[:12]}" for k, v in sorted(r["data_sha256"].items()))
+            seen[r["model"]][digest].append(r.get("name", "?"))
+    for model, runs in seen.items():
+        if len(runs) > 1:
+            raise ValueError(f"runs of model {model} were trained on different data (data_sha256), "
+                             f"so their losses cannot be compared: {dict(runs)}")
+
+
 def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[str, Any]],
                  reference: str = REFERENCE) -> list[dict[str, Any]]:
     """Rows of the gap table from pretraining records (``experiments/pretrain.py``: model, recipe,
     final_val_loss and ``name`` ``<model>_<recipe>_s<seed>``) and lm-eval records
     (``experiments/evaluate.py``: task, metric, value, model, recipe, seed; training-forward runs only)."""
     pretrain = list(pretrain)
+    check_same_data(pretrain)
     loss: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     world: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)  # processes (GPUs) of each run
     for r in pretrain:

@@ -188,6 +188,8 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         "world_size": info.world_size,
         "tokens_per_step": trainer.tokens_per_step,
         "run_dir": str(out),
+        # the data it was trained and evaluated on (meta.json's digests of the shards and tokenizer)
+        "data_sha256": meta.get("sha256"),
         # the commits that trained it: more than one entry where the run was resumed
         "segments": trainer.segments,
         # when calibrating layers fixed their strategies (again, for a recalibrating recipe), and to what

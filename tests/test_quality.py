@@ -35,6 +35,18 @@ def test_gaps_are_mean_differences_with_the_bf16_spread_beside():
     assert rows["adahop"]["seeds"] == [0, 2]
 
 
+def test_runs_trained_on_different_data_are_not_compared():
+    same = {"train.bin": "a" * 64, "val.bin": "b" * 64}
+    runs = [{**pretrain("bf16", 0, 3.0), "data_sha256": same}, {**pretrain("adahop", 0, 3.1), "data_sha256": same},
+            pretrain("mxfp4", 0, 3.2)]  # from before the digests were recorded: not checked
+    assert len(quality_rows(runs, [])) == 3
+    runs.append({**pretrain("adahop", 1, 3.1), "data_sha256": {**same, "val.bin": "c" * 64}})
+    with pytest.raises(ValueError, match=r"model 125m were trained on different data.*125m_adahop_s1"):
+        quality_rows(runs, [])
+    other_model = {**pretrain("bf16", 0, 2.0, model="1b"), "data_sha256": {"train.bin": "d" * 64}}
+    assert len(quality_rows(runs[:3] + [other_model], [])) == 4
+
+
 def test_mean_accuracy_counts_only_tasks_every_seed_and_bf16_have():
     evals = [
         score("bf16", 0, "piqa", "acc", 0.5), score("bf16", 0, "piqa", "acc_norm", 0.6),

@@ -305,6 +305,7 @@ def test_cli_writes_run_dir_hf_export_and_results(corpus, profile, tmp_path):
     assert record["steps"] == 6 and record["tokens"] == 6 * 4 * 64 and record["final_val_loss"] is not None
     assert [seg["from_step"] for seg in record["segments"]] == [0]  # one start, no resume
     assert record["strategy_fixes"] == []  # bf16: no calibrating layers
+    assert record["data_sha256"] == json.loads((corpus / "meta.json").read_text())["sha256"]
     assert read_results(results)["provenance"]["config"]["seq_len"] == 64  # from the profile
     assert (out / "strategies.json").exists() and (out / "checkpoints" / "step_00000006.pt").exists()
     model = load_hf(out / "hf")
