@@ -12,6 +12,11 @@ failed, error or skipped; an xfail counts as skipped), ``duration_s`` and ``mess
 or skip's first line, else None). The provenance adds pytest's command and exit code and the GPUs'
 state before and after (the device the kernels compiled for is the provenance's ``device``).
 
+``--skip-passed FILE...``: leave out the tests that passed in earlier results files of this kind of
+device (same device type and name; a pass elsewhere says nothing here), so that a suite too slow for
+one device call is covered over several: each call's file holds the tests it ran, the earlier files
+the rest (its provenance ``config.skip_passed`` names them).
+
 ``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
 finished: the file keeps them (not the one it stopped in, nor those after), its provenance says
 ``pytest_interrupted_after_s`` and pytest's exit code is 2. The campaign's tests stage gives it its time
@@ -32,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import microbench  # experiments/ is on sys.path when this script runs
-from adahop.provenance import write_results
+from adahop.provenance import device_description, read_results, write_results
 
 DEFAULT_PATHS = ["tests/kernels", "tests/test_formats.py"]
 # junit elements of a test that did not pass, worst first: a test with an error in its teardown
@@ -72,12 +77,32 @@ def records_from_junit(xml_text: str) -> list[dict[str, Any]]:
     return records
 
 
-def run_tests(paths: list[str], select: str | None, junit: Path,
-              budget_s: float | None = None) -> tuple[int, list[str], dict, bool]:
-    """pytest over ``paths`` with a junit report (:func:`microbench.run_pytest`)."""
+def passed_before(files: list[Path], device: dict[str, Any]) -> list[str]:
+    """The node ids that passed in the results ``files``, each of which must come from a device of
+    ``device``'s type and name."""
+    ids: set[str] = set()
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"--skip-passed {path}: no such results file")
+        doc = read_results(path)
+        theirs = doc["provenance"].get("device") or {}
+        if (theirs.get("type"), theirs.get("name")) != (device["type"], device["name"]):
+            raise ValueError(f"--skip-passed {path}: its tests ran on {theirs.get('name')!r} ({theirs.get('type')}), "
+                             f"this machine's device is {device['name']!r} ({device['type']}): a pass there "
+                             "says nothing here")
+        ids.update(r["test"] for r in doc["records"] if r["outcome"] == "passed")
+    return sorted(ids)
+
+
+def run_tests(paths: list[str], select: str | None, junit: Path, budget_s: float | None = None,
+              deselect: list[str] = ()) -> tuple[int, list[str], dict, bool]:
+    """pytest over ``paths`` with a junit report (:func:`microbench.run_pytest`), less the
+    ``deselect`` node ids."""
     args = [*paths, "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     if select:
         args += ["-k", select]
+    for node in deselect:
+        args += ["--deselect", node]
     return microbench.run_pytest("kernel_tests", args, interrupt_after_s=budget_s)
 
 
@@ -89,6 +114,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, required=True, help="results file (e.g. results/kernel_tests/gpu/tests.json)")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another selection")
     p.add_argument("--budget-s", type=float, help="interrupt pytest after this many seconds, keeping the tests it finished")
+    p.add_argument("--skip-passed", type=Path, nargs="+", default=[], metavar="FILE",
+                   help="leave out the tests that passed in these results files (of this kind of device)")
     args = p.parse_args(argv)
     if args.budget_s is not None and args.budget_s <= 0:
         p.error(f"--budget-s must be positive, got {args.budget_s:g}")
@@ -97,9 +124,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    skip = passed_before(args.skip_passed, device_description())
+    if skip:
+        print(f"kernel_tests: leaving out {len(skip)} tests that passed in {', '.join(map(str, args.skip_passed))}")
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        rc, cmd, gpu, interrupted = run_tests(args.paths, args.select, junit, args.budget_s)
+        rc, cmd, gpu, interrupted = run_tests(args.paths, args.select, junit, args.budget_s, deselect=skip)
         if not junit.exists():
             print(f"kernel_tests: pytest exited {rc} without a report; nothing written", file=sys.stderr)
             return rc or 1
@@ -107,7 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"kernel_tests: pytest exited {rc} and ran no test; nothing written", file=sys.stderr)
         return rc or 1
-    write_results(args.out, records, config={"paths": args.paths, "select": args.select},
+    config = {"paths": args.paths, "select": args.select}
+    if args.skip_passed:
+        config["skip_passed"] = {"files": [str(p) for p in args.skip_passed], "tests": len(skip)}
+    write_results(args.out, records, config=config,
                   overwrite=args.overwrite, extra_provenance={
                       "pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu,
                       "pytest_interrupted_after_s": args.budget_s if interrupted else None})

@@ -37,7 +37,18 @@ for s in "$@"; do
       limit=${STAGE_TIMEOUT_S:-240}
       budget=$((limit > 60 ? limit - 30 : limit / 2))
       [ "$budget" -gt "${TESTS_BUDGET_S:-300}" ] && budget=${TESTS_BUDGET_S:-300}
-      timeout "$limit" python3 experiments/kernel_tests.py --budget-s "$budget" \
+      # The tests that passed on this GPU in the committed files (TESTS_DONE_DIR, default
+      # results/kernel_tests/gpu: tests*.json) are left out, so that calls in several sessions cover
+      # the suite; TESTS_DONE_DIR= runs them all.
+      skip=()
+      done_dir=${TESTS_DONE_DIR-results/kernel_tests/gpu}
+      if [ -n "$done_dir" ]; then
+        shopt -s nullglob
+        done_files=("$done_dir"/tests*.json)
+        shopt -u nullglob
+        [ ${#done_files[@]} -gt 0 ] && skip=(--skip-passed "${done_files[@]}")
+      fi
+      timeout "$limit" python3 experiments/kernel_tests.py --budget-s "$budget" "${skip[@]}" \
         --out "$OUT/tests.json" 2>&1 | tail -25 | tee -a "$LOG" ;;
     microbench)
       stage microbench

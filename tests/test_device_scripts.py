@@ -271,11 +271,23 @@ def test_campaign_tests_stage_keeps_the_tests_it_finished_when_its_time_runs_out
     before the stage's limit) and its record keeps what ran: a suite slower than the queue's guess
     still leaves a results file, and the queue's later items their time."""
     done = run_script(tmp_path, tmp_path, tmp_path / "unused.yaml", "tests", script=REPO / "scripts" / "h200_campaign.sh",
-                      STAGE_TIMEOUT_S="100", TESTS_BUDGET_S="15", ADAHOP_GIT_DIRTY="0")
+                      STAGE_TIMEOUT_S="100", TESTS_BUDGET_S="15", ADAHOP_GIT_DIRTY="0", TESTS_DONE_DIR="")
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-3000:]  # pytest's: interrupted
     doc = json.loads((tmp_path / "out" / "tests.json").read_text())
     assert doc["provenance"]["pytest_interrupted_after_s"] == 15 and doc["provenance"]["pytest_exit_code"] == 2
     assert doc["records"] and all(r["test"].startswith(("tests/kernels/", "tests/test_formats.py")) for r in doc["records"])
+    assert "skip_passed" not in doc["provenance"]["config"]
+    # The next call leaves out what passed in the files of TESTS_DONE_DIR (on this kind of device).
+    done_dir = tmp_path / "done"
+    done_dir.mkdir()
+    (tmp_path / "out" / "tests.json").rename(done_dir / "tests.json")
+    again = run_script(tmp_path, tmp_path, tmp_path / "unused.yaml", "tests", script=REPO / "scripts" / "h200_campaign.sh",
+                       STAGE_TIMEOUT_S="100", TESTS_BUDGET_S="15", ADAHOP_GIT_DIRTY="0", TESTS_DONE_DIR=str(done_dir))
+    assert again.returncode == 2, again.stdout[-3000:] + again.stderr[-3000:]
+    second = json.loads((tmp_path / "out" / "tests.json").read_text())
+    first = {r["test"] for r in doc["records"] if r["outcome"] == "passed"}
+    assert second["provenance"]["config"]["skip_passed"] == {"files": [str(done_dir / "tests.json")], "tests": len(first)}
+    assert second["records"] and not first & {r["test"] for r in second["records"]}
 
 
 def test_queue_last_call_still_starts_a_stage_it_has_time_for(bundle, tmp_path):

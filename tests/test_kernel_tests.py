@@ -121,3 +121,31 @@ def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
 def test_a_budget_must_be_positive(tmp_path):
     with pytest.raises(SystemExit):
         kernel_tests.main(["--budget-s", "0", "--out", str(tmp_path / "tests.json")])
+
+
+def test_tests_that_passed_on_this_kind_of_device_are_left_out(tmp_path):
+    tests = tmp_path / "test_two.py"
+    tests.write_text("import pytest\n\n@pytest.mark.parametrize('n', [1, 2])\ndef test_a(n):\n    pass\n\n"
+                     "def test_b():\n    pass\n")
+    first = tmp_path / "first.json"
+    kernel_tests.main([str(tests), "--select", "test_a", "--out", str(first)])
+    doc = json.loads(first.read_text())
+    # one of the two passes is forgotten, as if it had failed: only passes are left out
+    doc["records"] = [r if r["test"].endswith("[1]") else {**r, "outcome": "failed"} for r in doc["records"]]
+    first.write_text(json.dumps(doc))
+    second = tmp_path / "second.json"
+    assert kernel_tests.main([str(tests), "--skip-passed", str(first), "--out", str(second)]) == 0
+    doc = json.loads(second.read_text())
+    assert sorted(r["test"].split("::")[-1] for r in doc["records"]) == ["test_a[2]", "test_b"]
+    assert doc["provenance"]["config"]["skip_passed"] == {"files": [str(first)], "tests": 1}
+
+
+def test_passes_on_another_device_are_not_taken(tmp_path):
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"provenance": {"device": {"type": "cuda", "name": "NVIDIA H200"}},
+                                 "records": [{"test": "t.py::test_a", "outcome": "passed"}]}))
+    with pytest.raises(ValueError, match=r"ran on 'NVIDIA H200' \(cuda\), this machine's device is .* a pass there says "
+                                         "nothing here"):
+        kernel_tests.main(["--skip-passed", str(other), "--out", str(tmp_path / "tests.json")])
+    with pytest.raises(FileNotFoundError, match="no such results file"):
+        kernel_tests.main(["--skip-passed", str(tmp_path / "missing.json"), "--out", str(tmp_path / "tests.json")])
