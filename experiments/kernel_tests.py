@@ -15,7 +15,9 @@ state before and after (the device the kernels compiled for is the provenance's 
 ``--skip-passed FILE...``: leave out the tests that passed in earlier results files of this kind of
 device (same device type and name; a pass elsewhere says nothing here), so that a suite too slow for
 one device call is covered over several: each call's file holds the tests it ran, the earlier files
-the rest (its provenance ``config.skip_passed`` names them).
+the rest (its provenance ``config.skip_passed`` names them). A pass is taken at the commit it was
+made at (each file's provenance names it): after a kernel changes, run its tests again without
+``--skip-passed``.
 
 ``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
 finished: the file keeps them (not the one it stopped in, nor those after), its provenance says
