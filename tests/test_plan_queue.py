@@ -18,25 +18,38 @@ def queued(out: str) -> list[str]:
     return [item for q in re.findall(r'^gpu \d+: ~\d+ s: "(.*)"$', out, re.M) for item in q.split()]
 
 
-def test_every_run_not_evaluated_is_queued_once_and_no_other(capsys):
-    assert plan_queue.main(["--gpus", "2", "--seconds", "1e9", "--stages", "memory"]) == 0
-    out = capsys.readouterr().out
+@pytest.fixture
+def config(tmp_path):
+    """The gpu profile with a seed no session has run added: the plan then holds runs not yet
+    evaluated, whatever the committed results hold."""
     profile = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())
+    profile["profile"] = profile.get("profile", "gpu")
+    profile["pretrain"]["seeds"] = [*profile["pretrain"]["seeds"], 99]
+    path = tmp_path / "gpu.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    return path
+
+
+def test_every_run_not_evaluated_is_queued_once_and_no_other(capsys, config):
+    assert plan_queue.main(["--config", str(config), "--gpus", "2", "--seconds", "1e9", "--stages", "memory"]) == 0
+    out = capsys.readouterr().out
+    profile = yaml.safe_load(config.read_text())
     runs = [r for r, _ in plan_queue.planned(profile["pretrain"])]
     evaluated = {p.stem for p in (REPO / "results" / "eval" / "gpu").glob("125m_*.json")} & {
         p.stem for p in (REPO / "results" / "pretrain" / "gpu").glob("125m_*.json")}
     want = [f"{r.split('_', 1)[1].rsplit('_s', 1)[0]}:{r.rsplit('_s', 1)[1]}" for r in runs if r not in evaluated]
     items = queued(out)
+    assert any(w.endswith(":99") for w in want)
     assert items.count("stage:memory") == 1
     assert sorted(i for i in items if not i.startswith("stage:")) == sorted(want)
     assert "do not fit" not in out
 
 
-def test_what_does_not_fit_is_listed_for_the_next_session(capsys):
-    assert plan_queue.main(["--gpus", "1", "--seconds", "0"]) == 0
+def test_what_does_not_fit_is_listed_for_the_next_session(capsys, config):
+    assert plan_queue.main(["--config", str(config), "--gpus", "1", "--seconds", "0"]) == 0
     out = capsys.readouterr().out
     assert [i for i in queued(out) if not i.startswith("stage:")] == []
-    assert "do not fit 0 s per GPU" in out
+    assert re.search(r"do not fit 0 s per GPU \(\d+\): .*_s99", out)
 
 
 def test_main_runs_come_before_ablations_and_each_seed_before_the_next():
