@@ -23,7 +23,6 @@ def config(tmp_path):
     """The gpu profile with a seed no session has run added: the plan then holds runs not yet
     evaluated, whatever the committed results hold."""
     profile = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())
-    profile["profile"] = profile.get("profile", "gpu")
     profile["pretrain"]["seeds"] = [*profile["pretrain"]["seeds"], 99]
     path = tmp_path / "gpu.yaml"
     path.write_text(yaml.safe_dump(profile))
