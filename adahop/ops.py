@@ -16,6 +16,14 @@ import os
 import torch
 
 from adahop.backend import Backend, FasterOf, resolve_backend
+from adahop.checks import (
+    MM_OUT_DTYPES,
+    check_2d,
+    check_float_matrix,
+    check_mxfp4_operand,
+    check_mxfp4_operands,
+    check_scaled_mean_squares_input,
+)
 from adahop.formats import (
     BLOCK_SIZE,
     FLOAT_DTYPES,
@@ -28,13 +36,6 @@ from adahop.formats import (
     to_fp8_rowwise_ref,
 )
 from adahop.hadamard import DEFAULT_HADAMARD_SIZE, block_hadamard_ref
-
-
-def _check_2d(x: torch.Tensor, name: str) -> None:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 2:
-        raise ValueError(f"{name} must be 2-D (rows, K), got shape {tuple(x.shape)}")
 
 
 def _check_signs(signs: torch.Tensor | None, k: int, device: torch.device) -> None:
@@ -91,7 +92,7 @@ def hadamard_quantize(
 
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x.T if transpose else x))``.
     """
-    _check_2d(x, "x")
+    check_2d(x, "x")
     xt = x.t() if transpose else x
     check_quantize_input(xt, "x.T" if transpose else "x", max(32, hadamard_size if hadamard else 32))
     _check_signs(signs, xt.shape[-1], x.device)
@@ -129,7 +130,7 @@ def hadamard_quantize_dual(
     Equivalent to ``(hadamard_quantize(x, hadamard=hadamard, signs=signs, emit_fp8=emit_fp8, ...),
     hadamard_quantize(x, transpose=True, hadamard=hadamard_t, signs=signs_t, emit_fp8=emit_fp8_t, ...))``.
     """
-    _check_2d(x, "x")
+    check_2d(x, "x")
     check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
     check_quantize_input(x.t(), "x.T", max(32, hadamard_size if hadamard_t else 32))
     _check_signs(signs, x.shape[1], x.device)
@@ -158,7 +159,7 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
 
     Equivalent to ``x.abs().amax(1).topk(k).indices.sort().values``.
     """
-    _check_2d(x, "x")
+    check_2d(x, "x")
     if not 0 <= k <= x.shape[0]:
         raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
     return x.abs().amax(dim=1).topk(k).indices.sort().values
@@ -166,13 +167,6 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------
 # Outlier extraction (OE)
-
-
-def check_float_matrix(x: torch.Tensor, name: str = "x") -> None:
-    """Raise a TypeError/ValueError unless ``x`` is a 2-D float32/bfloat16/float16 tensor."""
-    _check_2d(x, name)
-    if x.dtype not in FLOAT_DTYPES:
-        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {x.dtype}")
 
 
 def _check_outlier_input(x: torch.Tensor, k: int) -> None:
@@ -269,21 +263,6 @@ def abs_median(x: torch.Tensor, backend: Backend | str | None = None) -> torch.T
     return _abs_median_kernel(x)
 
 
-def check_scaled_mean_squares_input(x: torch.Tensor, col_div: torch.Tensor | None, row_div: torch.Tensor | None) -> None:
-    """The checks of :func:`scaled_mean_squares`: a non-empty float matrix, both divisors or none."""
-    check_float_matrix(x)
-    m, k = x.shape
-    if m == 0 or k == 0:
-        raise ValueError(f"x of shape {tuple(x.shape)} has no entries to average")
-    if (col_div is None) != (row_div is None):
-        raise ValueError("pass both col_div and row_div, or neither")
-    if col_div is not None:
-        for name, d, size in (("col_div", col_div, k), ("row_div", row_div, m)):
-            if d.shape != (size,) or d.dtype != torch.float32 or d.device != x.device:
-                raise ValueError(f"{name} must be fp32 of shape ({size},) on {x.device}, got "
-                                 f"{d.dtype} of shape {tuple(d.shape)} on {d.device}")
-
-
 def scaled_mean_squares_ref(
     x: torch.Tensor, col_div: torch.Tensor | None = None, row_div: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -322,7 +301,6 @@ def scaled_mean_squares(
 # ---------------------------------------------------------------------------------------------
 # MXFP4 GEMM: A · Bᵀ, one of four paths per device, always reported
 
-MM_OUT_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
 _log = logging.getLogger(__name__)
 
 
@@ -383,45 +361,6 @@ def gemm_path(device: torch.device | str, backend: Backend | str | None = None) 
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
     return _gemm_path_logged(device, resolve_backend(device, backend))
-
-
-def check_mxfp4_operand(t: MXFP4Tensor, name: str) -> None:
-    """Raise a TypeError/ValueError naming what is wrong with a 2-D MXFP4 GEMM operand ``(rows, K)``."""
-    if not isinstance(t, MXFP4Tensor):
-        raise TypeError(f"{name} must be an MXFP4Tensor, got {type(t).__name__}")
-    if t.codes.dim() != 2:
-        raise ValueError(f"{name} must be a 2-D MXFP4 tensor (rows, K), got shape {tuple(t.shape)}")
-    rows, k = t.shape
-    if t.codes.dtype != torch.uint8 or t.scales.dtype != torch.uint8:
-        raise ValueError(f"{name}: codes and scales must be uint8, got {t.codes.dtype} and {t.scales.dtype}")
-    if k % BLOCK_SIZE or tuple(t.scales.shape) != (rows, k // BLOCK_SIZE):
-        raise ValueError(
-            f"{name}: scales of shape {tuple(t.scales.shape)} do not match codes of logical shape "
-            f"{(rows, k)} (K must be a multiple of {BLOCK_SIZE}, scales ({rows}, K/{BLOCK_SIZE}))"
-        )
-    if t.scales.device != t.codes.device:
-        raise ValueError(f"{name}: codes are on {t.codes.device} but scales on {t.scales.device}")
-    if not (t.codes.is_contiguous() and t.scales.is_contiguous()):
-        raise ValueError(f"{name}: codes and scales must be contiguous")
-    if t.fp8 is not None:
-        if t.fp8.dtype != torch.float8_e4m3fn or tuple(t.fp8.shape) != (rows, k) or t.fp8.device != t.device:
-            raise ValueError(f"{name}.fp8 must be float8_e4m3fn of shape {(rows, k)} on {t.device}, "
-                             f"got {t.fp8.dtype} {tuple(t.fp8.shape)} on {t.fp8.device}")
-        s = t.fp8_scale
-        if s is None or s.dtype != torch.float32 or tuple(s.shape) != (rows, 1) or s.device != t.device:
-            raise ValueError(f"{name}.fp8_scale must be float32 of shape {(rows, 1)} on {t.device} next to fp8")
-
-
-def check_mxfp4_operands(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype) -> None:
-    """Checks of ``A · Bᵀ``: both operands, equal K, one device, a supported output dtype."""
-    check_mxfp4_operand(a, "a")
-    check_mxfp4_operand(b, "b")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (A·Bᵀ needs equal K)")
-    if a.device != b.device:
-        raise ValueError(f"a is on {a.device} but b is on {b.device}")
-    if out_dtype not in MM_OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {MM_OUT_DTYPES}, got {out_dtype}")
 
 
 def to_fp8_rowwise(t: MXFP4Tensor, backend: Backend | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:

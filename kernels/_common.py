@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.ops import check_float_matrix
+from adahop.checks import check_float_matrix
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.ops import check_mxfp4_operand
+from adahop.checks import check_mxfp4_operand
 from adahop_kernels._common import INTERPRETED, check_device, exp2_int
 
 GENERAL_K = tl.constexpr(32)  # columns a slice of the general path

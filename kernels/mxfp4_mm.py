@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.ops import MM_OUT_DTYPES, check_mxfp4_operands
+from adahop.checks import MM_OUT_DTYPES, check_mxfp4_operands
 from adahop_kernels._common import INTERPRETED, check_device
 
 

@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.ops import check_scaled_mean_squares_input
+from adahop.checks import check_scaled_mean_squares_input
 from adahop_kernels._common import INTERPRETED, check_device, check_line_input, split_lines, to_fp32
 
 # Bits resolved per pass. Each candidate digit keeps an elementwise counter across the line (summed
