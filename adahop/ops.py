@@ -15,6 +15,7 @@ import os
 
 import torch
 
+from adahop import library
 from adahop.backend import Backend, FasterOf, resolve_backend
 from adahop.checks import (
     MM_OUT_DTYPES,
@@ -65,8 +66,39 @@ def hadamard_quantize_ref(
     xt = block_hadamard_ref(x, hadamard_size, signs).float() if hadamard else x
     q = quantize_mxfp4_ref(xt, rounding, _generator(seed, x.device), nan_policy)
     if emit_fp8:
-        q.fp8, q.fp8_scale = to_fp8_rowwise_ref(q)
+        return MXFP4Tensor(q.codes, q.scales, *to_fp8_rowwise_ref(q))
     return q
+
+
+def seed_tensor(seed: int | torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """``seed`` as the int64 ``(1,)`` tensor on ``device`` that the operators read (None stays None).
+
+    An int must lie in [0, 2**62); ``None`` under SR draws one from torch's global generator (as the
+    reference's SR does without a seed).
+    """
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != device:
+            raise ValueError(f"a seed tensor must be int64 with one element on {device}, got "
+                             f"{seed.dtype} of shape {tuple(seed.shape)} on {seed.device}")
+        return seed.reshape(1)
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 62:
+        raise ValueError(f"seed must be an int in [0, 2**62) or an int64 tensor, got {seed!r}")
+    return torch.tensor([seed], dtype=torch.int64, device=device)
+
+
+def _mxfp4_of(outs: tuple[torch.Tensor, ...], emit_fp8: bool) -> MXFP4Tensor:
+    codes, scales, fp8, fp8_scale, _ = outs
+    return MXFP4Tensor(codes, scales, fp8, fp8_scale) if emit_fp8 else MXFP4Tensor(codes, scales)
+
+
+def _draw_seed(rounding: str, seed: int | torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    if rounding not in ("rne", "sr"):
+        raise ValueError(f"rounding must be 'rne' or 'sr', got {rounding!r}")
+    if rounding == "sr" and seed is None:
+        seed = int(torch.randint(0, 1 << 62, ()).item())
+    return seed_tensor(seed, device) if rounding == "sr" else None
 
 
 def hadamard_quantize(
@@ -96,12 +128,11 @@ def hadamard_quantize(
     xt = x.t() if transpose else x
     check_quantize_input(xt, "x.T" if transpose else "x", max(32, hadamard_size if hadamard else 32))
     _check_signs(signs, xt.shape[-1], x.device)
-    if resolve_backend(x.device, backend) is Backend.TRITON:
-        from adahop_kernels.hadamard_quantize import hadamard_quantize as kernel
-
-        return kernel(x, transpose=transpose, hadamard=hadamard, hadamard_size=hadamard_size,
-                      signs=signs, rounding=rounding, seed=seed, emit_fp8=emit_fp8, nan_policy=nan_policy)
-    return hadamard_quantize_ref(xt, hadamard, hadamard_size, signs, rounding, seed, emit_fp8, nan_policy)
+    req = library.request(hadamard, fp8="row" if emit_fp8 else None)
+    outs = library.quantize(x, None if transpose else signs, signs if transpose else None,
+                            _draw_seed(rounding, seed, x.device), "" if transpose else req, req if transpose else "",
+                            hadamard_size, rounding, nan_policy, resolve_backend(x.device, backend).value)
+    return _mxfp4_of(outs[5:] if transpose else outs[:5], emit_fp8)
 
 
 def hadamard_quantize_dual(
@@ -135,23 +166,16 @@ def hadamard_quantize_dual(
     check_quantize_input(x.t(), "x.T", max(32, hadamard_size if hadamard_t else 32))
     _check_signs(signs, x.shape[1], x.device)
     _check_signs(signs_t, x.shape[0], x.device)
-    if resolve_backend(x.device, backend) is Backend.TRITON:
-        from adahop_kernels.hadamard_quantize import hadamard_quantize_dual as kernel
-
-        return kernel(x, hadamard=hadamard, hadamard_t=hadamard_t, hadamard_size=hadamard_size, signs=signs,
-                      signs_t=signs_t, rounding=rounding, seed=seed, emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_t,
-                      nan_policy=nan_policy)
-    return (hadamard_quantize_ref(x, hadamard, hadamard_size, signs, rounding, seed, emit_fp8, nan_policy),
-            hadamard_quantize_ref(x.t(), hadamard_t, hadamard_size, signs_t, rounding, seed, emit_fp8_t, nan_policy))
+    outs = library.quantize(x, signs, signs_t, _draw_seed(rounding, seed, x.device),
+                            library.request(hadamard, fp8="row" if emit_fp8 else None),
+                            library.request(hadamard_t, fp8="row" if emit_fp8_t else None),
+                            hadamard_size, rounding, nan_policy, resolve_backend(x.device, backend).value)
+    return _mxfp4_of(outs[:5], emit_fp8), _mxfp4_of(outs[5:], emit_fp8_t)
 
 
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16, backend: Backend | str | None = None) -> torch.Tensor:
     """Packed MXFP4 ``(..., K)`` to ``dtype``. Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`."""
-    if resolve_backend(t.device, backend) is Backend.TRITON:
-        from adahop_kernels.dequantize import dequantize as kernel
-
-        return kernel(t, dtype)
-    return dequantize_mxfp4_ref(t, dtype)
+    return library.dequantize(t.codes, t.scales, dtype, resolve_backend(t.device, backend).value)
 
 
 def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -210,9 +234,7 @@ def extract_outliers(
     _check_outlier_input(x, k)
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return extract_outliers_ref(x, k)
-    from adahop_kernels.outliers import row_absmax
-
-    idx = row_absmax(x).topk(k).indices.sort().values
+    idx = library.row_absmax(x, Backend.TRITON.value).topk(k).indices.sort().values
     return idx, x.index_select(0, idx).to(torch.bfloat16)
 
 
@@ -231,9 +253,7 @@ def abs_median_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def _abs_median_kernel(x: torch.Tensor) -> torch.Tensor:
-    from adahop_kernels.pattern_stats import abs_median as kernel
-
-    return kernel(x)
+    return library.abs_median(x)
 
 
 # What :func:`abs_median` runs on a CUDA tensor when neither its caller nor ADAHOP_BACKEND names a
@@ -293,9 +313,7 @@ def scaled_mean_squares(
     check_scaled_mean_squares_input(x, col_div, row_div)
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return scaled_mean_squares_ref(x, col_div, row_div)
-    from adahop_kernels.pattern_stats import scaled_mean_squares as kernel
-
-    return kernel(x, col_div, row_div)
+    return library.scaled_mean_squares(x, col_div, row_div)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,11 +387,7 @@ def to_fp8_rowwise(t: MXFP4Tensor, backend: Backend | str | None = None) -> tupl
     Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` bit for bit.
     """
     check_mxfp4_operand(t, "t")
-    if resolve_backend(t.device, backend) is Backend.TRITON:
-        from adahop_kernels.fp8_reencode import fp8_reencode
-
-        return fp8_reencode(t)
-    return to_fp8_rowwise_ref(t)
+    return library.fp8_encode(t.codes, t.scales, "row", resolve_backend(t.device, backend).value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -447,6 +461,4 @@ def mxfp4_mm(
         return _mm_dequant(a, b, out_dtype, backend)
     if path is GemmPath.FP8_ROWWISE:
         return _mm_fp8_rowwise(a, b, out_dtype, backend)
-    from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
-
-    return mxfp4_mm_dot_scaled(a, b, out_dtype)
+    return library.mm_dot_scaled(a.codes, a.scales, b.codes, b.scales, out_dtype)
