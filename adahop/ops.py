@@ -357,12 +357,16 @@ def _hardware_gemm_path(device: torch.device) -> tuple[GemmPath, str]:
     return GemmPath.DEQUANT_MATMUL, f"{props.name} ({cap}) has neither FP8 nor FP4 tensor cores"
 
 
+def device_gemm_path(device: torch.device, backend: Backend) -> tuple[GemmPath, str]:
+    """The :class:`GemmPath` for ``device`` under ``backend``, and why (traceable: no logging, no cache)."""
+    if backend is Backend.REFERENCE:
+        return GemmPath.REFERENCE, "the reference backend was chosen"
+    return _hardware_gemm_path(device)
+
+
 @functools.lru_cache(maxsize=None)
 def _gemm_path_logged(device: torch.device, backend: Backend) -> GemmPath:
-    if backend is Backend.REFERENCE:
-        path, why = GemmPath.REFERENCE, "the reference backend was chosen"
-    else:
-        path, why = _hardware_gemm_path(device)
+    path, why = device_gemm_path(device, backend)
     _log.info("mxfp4_mm on %s takes the %s path: %s", device, path.value, why)
     return path
 
@@ -402,16 +406,28 @@ def _fp8_operand(t: MXFP4Tensor, backend: Backend | str | None) -> tuple[torch.T
     return to_fp8_rowwise(t, backend)
 
 
-def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
-    fa, sa = _fp8_operand(a, backend)
-    fb, sb = _fp8_operand(b, backend)
+def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """``A · Bᵀ`` of exact FP8 operands A ``(M, K)`` and Bᵀ ``(N, K)`` through cuBLAS's scaled GEMM.
+
+    Layouts (:func:`adahop.library.fp8_scale_shape`): both ``row`` (fp32 scale per row), or A
+    ``seg128`` and Bᵀ ``tile128`` (blockwise: per 1×128 segment of A, per 128×128 tile of Bᵀ;
+    bfloat16 output only). Every path is exact up to the fp32 accumulation and the output rounding.
+    """
+    if (layout_a, layout_b) == ("seg128", "tile128"):
+        if out_dtype is not torch.bfloat16:
+            raise ValueError(f"the blockwise FP8 GEMM gives bfloat16 only, got out_dtype {out_dtype}")
+        # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
+        # scales (K/128, N/128) likewise.
+        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
+    if (layout_a, layout_b) != ("row", "row"):
+        raise ValueError(f"FP8 layouts A={layout_a!r}, B={layout_b!r}: use ('row', 'row') or ('seg128', 'tile128')")
     n = fb.shape[0]
     # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
     pad = -n % 16
     if pad:
         fb = torch.cat((fb, fb.new_zeros(pad, fb.shape[1])))
         sb = torch.cat((sb, sb.new_ones(pad, 1)))
-    # cuBLAS layouts: A row-major (M, K), B column-major (K, N) = the transpose of row-major (N, K).
     if out_dtype is torch.bfloat16:
         c = torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.reshape(1, -1), out_dtype=torch.bfloat16)
     else:
@@ -421,6 +437,12 @@ def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, back
         c = torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
         c = (c * sa * sb.reshape(1, -1)).to(out_dtype)
     return c[:, :n].contiguous() if pad else c
+
+
+def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
+    fa, sa = _fp8_operand(a, backend)
+    fb, sb = _fp8_operand(b, backend)
+    return fp8_mm(fa, sa, "row", fb, sb, "row", out_dtype)
 
 
 def _mm_dequant(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
