@@ -152,6 +152,13 @@ def _step(model: nn.Module) -> None:
         layer.on_optimizer_step()
 
 
+def advance_draws(model: nn.Module) -> None:
+    """Give the next forward fresh draws without a step: call between the micro-batches of a step
+    (gradient accumulation), or they round alike. Done by :func:`on_optimizer_step` after a step."""
+    for _, layer in quant_layers(model):
+        layer.advance_draws()
+
+
 def on_optimizer_step(model: nn.Module) -> None:
     """Call after every optimizer step (unless ``convert`` got the optimizer): advances the
     calibration schedule of every QuantLinear."""

@@ -259,6 +259,7 @@ class Operand:
             pair = quantize_pair(self.src, None if self.transpose else self.spec, self.spec if self.transpose else None,
                                  None if self.transpose else want, want if self.transpose else None, counter, backend)
             q = pair[1] if self.transpose else pair[0]
+            self.q = q  # strategies sharing this operand (IHT and its OE variants) share its draws
         if want.fp8 and q.fp8_layout != want.fp8:
             fp8, scale = library.fp8_encode(q.codes, q.scales, want.fp8, backend)
             q = dataclasses.replace(q, fp8=fp8, fp8_scale=scale, fp8_layout=want.fp8)

@@ -17,9 +17,9 @@ Autocast: under ``torch.autocast`` the layer casts X, W and bias to the autocast
 ``F.linear`` would) and runs with autocast off; outside it, X and W must share a dtype.
 
 Draws: every SR draw and random-sign vector has its own seed from (run seed, layer or input group,
-GEMM, operand) and the draw counter, an int64 device tensor that the model's first quantized layer
-bumps once per forward with gradients (:mod:`adahop.linear.seeds`), so runs are reproducible and no two draws
-share a seed.
+GEMM, operand) and the draw counter, an int64 device tensor advanced after every optimizer step
+(and between micro-batches by :func:`adahop.linear.advance_draws`), outside any compiled graph
+(:mod:`adahop.linear.seeds`), so runs are reproducible and no two steps share a seed.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ class QuantLinear(nn.Linear):
         else:
             self.phase, self.strategies = "calibrating", None
         self.draw_state = DrawState(None if device == "meta" else device)
-        self.bumps_draws = True  # this layer advances the draw counter (convert: the model's first layer)
+        self.bumps_draws = True  # this layer advances the draw counter (convert: the model's first layer only)
         self._plans: dict[tuple, LayerPlan] = {}
         self.register_load_state_dict_pre_hook(_warn_if_state_missing)
 
@@ -201,8 +201,6 @@ class QuantLinear(nn.Linear):
         x2d = x.reshape(-1, self.in_features).contiguous()
         tokens = x2d.shape[0]
         need_backward = torch.is_grad_enabled() and (x2d.requires_grad or w.requires_grad)
-        if self.bumps_draws and torch.is_grad_enabled():
-            self.draw_state.value.add_(1)
         pad = (-tokens) % self.recipe.dim_multiple
         xp = F.pad(x2d, (0, 0, 0, pad)) if pad else x2d
         if self.phase != "fixed" and self.training and need_backward:
@@ -278,10 +276,17 @@ class QuantLinear(nn.Linear):
                     "wgrad", score_strategies(self.recipe, "wgrad", Operand(g[sample_idx], transpose=True),
                                               Operand(x_sample, transpose=True), self.layer_salt, counter))
 
+    def advance_draws(self) -> None:
+        """Move the draw counter on (if this layer owns the advance): the next forward draws anew."""
+        if self.bumps_draws:
+            with torch.no_grad():
+                self.draw_state.value.add_(1)
+
     def on_optimizer_step(self) -> None:
-        """Advance the step counter; end calibration after ``calibration_steps`` steps; with
-        ``recalibration_interval`` I, observe again from each step C + k·I (k ≥ 1) for C steps."""
+        """Advance the step counter and the draws; end calibration after ``calibration_steps`` steps;
+        with ``recalibration_interval`` I, observe again from each step C + k·I (k ≥ 1) for C steps."""
         self.step += 1
+        self.advance_draws()
         c, interval = self.recipe.calibration_steps, self.recipe.recalibration_interval
         since = self.step - c
         if self.phase == "calibrating" and self.step >= c:

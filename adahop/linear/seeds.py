@@ -7,11 +7,14 @@ Every stochastic-rounding draw and random-sign vector of a converted model has i
   for X, the layer's input group: sibling layers reading one input draw alike, so their identical
   quantizations are one computation under ``torch.compile``), the GEMM slot and the operand;
 * ``counter`` is an int64 device tensor shared by every layer of a converted model
-  (:class:`DrawState`), which the model's first quantized layer bumps once per forward with
-  gradients (a forward pre-hook on the model would be a graph of its own under ``torch.compile``).
+  (:class:`DrawState`), advanced after every optimizer step and, for gradient accumulation,
+  between micro-batches (:func:`adahop.linear.advance_draws`): always eagerly, between graphs.
+  Inside a compiled graph it is only read. (A counter mutated inside the graph that its backward
+  also reads is unsafe: the partitioner may recompute its updated value from the already-updated
+  buffer.)
 
-So a step's draws differ from every other step's and micro-batch's, and nothing a compiled
-graph reads changes as a Python value between steps (a Python-int seed would recompile the graph
+So a step's draws differ from every other step's, and nothing a compiled graph reads changes
+as a Python value between steps (a Python-int seed would recompile the graph
 every step). The mixing is integer arithmetic on int64 tensors whose intermediates stay below
 2**62: the same values on every device, in a few fused element-wise ops.
 """
