@@ -185,6 +185,18 @@ class QuantLinear(nn.Linear):
         return plan
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Calibration first, reading nothing layer-specific: under torch.compile this prefix is one
+        # compiled frame for every calibrating layer (its guards hold for all of them), and the
+        # calibrating call itself runs eagerly.
+        if self.phase != "fixed" and self.training and torch.is_grad_enabled():
+            return self._eager_forward(x)
+        return self._forward(x)
+
+    @torch.compiler.disable
+    def _eager_forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward(x)
+
+    def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"QuantLinear takes a torch.Tensor, got {type(x).__name__}")
         if x.dim() < 1 or x.shape[-1] != self.in_features:
@@ -218,7 +230,6 @@ class QuantLinear(nn.Linear):
 
     # -- calibration
 
-    @torch.compiler.disable
     def _calibrating_forward(self, x2d: torch.Tensor, xp: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
         plan = self._plan(xp.shape[0], xp.dtype, xp.device, True)
         counter = self.draw_state.value
