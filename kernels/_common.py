@@ -137,7 +137,7 @@ def _spread_nibbles(x):
 
 
 @triton.jit
-def _e4m3_words_fast(c, t):
+def e4m3_words_fast(c, t):
     """E4M3 bytes of four E2M1 codes (one a byte of int32 ``c``) in a block with ``t = e - R + 14 >= 3``.
 
     There every nonzero value is a normal E4M3 number: |q| = 2^(E-1)(1 + m/2) for code
@@ -158,8 +158,8 @@ def e4m3_words_of_code_words(words, t, ROWS: tl.constexpr, WORDS: tl.constexpr):
     """``(ROWS, 2·WORDS)`` int32 words of four E4M3 bytes from ``(ROWS, WORDS)`` words of eight E2M1
     codes (code i in nibble i), each word's block offset ``t`` (broadcastable) ``>= 3`` (see
     :func:`_e4m3_words_fast`; other blocks need :func:`e4m3_bits_of_e2m1`)."""
-    lo = _e4m3_words_fast(_spread_nibbles(words & 0xFFFF), t)
-    hi = _e4m3_words_fast(_spread_nibbles((words >> 16) & 0xFFFF), t)
+    lo = e4m3_words_fast(_spread_nibbles(words & 0xFFFF), t)
+    hi = e4m3_words_fast(_spread_nibbles((words >> 16) & 0xFFFF), t)
     return tl.reshape(tl.join(lo, hi), (ROWS, 2 * WORDS))
 
 

@@ -77,7 +77,7 @@ from adahop_kernels._common import (
     INTERPRETED,
     check_device,
     e4m3_bits_of_e2m1,
-    e4m3_words_of_code_words,
+    e4m3_words_fast,
     exp2_int,
     flip_sign,
     group_broadcast,
@@ -140,13 +140,14 @@ def _block_max_bits(s):
 
 @triton.jit
 def _quantize_store(
-    t, row0, col0, n_rows, n_cols,
+    t, x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols,
     codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
     BR: tl.constexpr, BC: tl.constexpr, HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     SR: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, FP8: tl.constexpr, AMAX: tl.constexpr,
 ):
     """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns;
-    store what the flags ask for."""
+    store what the flags ask for. The operand is ``x_ptr`` with strides ``(stride_r, stride_c)``, from
+    which the rare overflow path reloads the tile (so that ``t`` need not stay live in registers)."""
     NB: tl.constexpr = BR * BC // 32
     SB: tl.constexpr = BC // 32  # MX blocks of a tile row
     b = tl.arange(0, NB)
@@ -161,7 +162,8 @@ def _quantize_store(
                       mask=r < n_rows, sem="relaxed")
     cols = col0 + tl.arange(0, BC)
     if HAS_SIGNS:
-        t = flip_sign(t, (tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0) < 0)[None, :])
+        flip = (tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0) < 0)[None, :]
+        t = flip_sign(t, flip)
     pexp = tl.zeros((NB,), tl.int32)  # log2 of each block's pre-scale (PRESCALE where its sums overflowed)
     if HADAMARD:
         i = tl.arange(0, HS)
@@ -171,20 +173,26 @@ def _quantize_store(
         bad = m_bits > 0x7F7FFFFF
         if tl.max(bad.to(tl.int32)) != 0:
             # Rare: a NaN/Inf input, or ±1 sums past the fp32 range (values from ~2^128/HS up), where the
-            # reference's fp64 transform is still finite. Redo the tile with every HS-group holding a bad
-            # block scaled by 2^-PRESCALE (exact but for values ~2^-118 and below, which cannot move a
-            # block whose values reach 2^121); only bad blocks take the new sums.
+            # reference's fp64 transform is still finite. Redo the tile (reloaded) with every Hadamard
+            # group that holds a bad block scaled by 2^-PRESCALE: exact but for values ~2^-118 and below,
+            # which cannot move a block of a group whose values reach 2^121. Other groups get the same
+            # sums again, so the result is a function of the group alone, whatever the tile.
             G: tl.constexpr = HS // 32 if HS > 32 else 1  # MX blocks of a Hadamard group
             unit_bad = tl.reshape(tl.broadcast_to(tl.max(tl.reshape(bad.to(tl.int32), (NB // G, G)), axis=1)[:, None],
-                                                  (NB // G, G)), (NB,))
-            down = tl.where(unit_bad != 0, PRESCALE_DOWN, 1.0)
-            t_down = tl.reshape(tl.reshape(to_fp32(t), (NB, 32)) * down[:, None], (BR, BC))
-            s_down = _hadamard_sums(t_down, h, BR, BC, HS, DOT_FP32)
-            # A block that cancels to tiny values takes them back at full scale (exact: far from overflow),
-            # so that no scale needs a factor above 2^127.
-            big = _block_max_bits(s_down) >= 0x0B800000  # 2^-104
-            s = tl.where(bad[:, None], tl.where(big[:, None], s_down, s_down * PRESCALE_UP), s)
-            pexp = tl.where(bad & big, PRESCALE, 0)
+                                                  (NB // G, G)), (NB,)) != 0
+            r_all = row0 + tl.arange(0, BR)
+            t = tl.load(x_ptr + r_all.to(tl.int64)[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c,
+                        mask=(r_all < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+            if HAS_SIGNS:
+                t = flip_sign(t, flip)
+            down = tl.where(unit_bad, PRESCALE_DOWN, 1.0)
+            s = _hadamard_sums(tl.reshape(tl.reshape(to_fp32(t), (NB, 32)) * down[:, None], (BR, BC)), h,
+                               BR, BC, HS, DOT_FP32)
+            # A block that cancels to tiny values takes them back at full scale (exact: far from
+            # overflow), so that no scale needs a factor above 2^127.
+            big = _block_max_bits(s) >= 0x0B800000  # 2^-104
+            s = tl.where((unit_bad & ~big)[:, None], s * PRESCALE_UP, s)
+            pexp = tl.where(unit_bad & big, PRESCALE, 0)
             m_bits = _block_max_bits(s)
         amax = m_bits.to(tl.float32, bitcast=True)
         # = max |fl32(s · 1/√HS)| (rounding is monotone), times the pre-scale: inf where the
@@ -224,15 +232,16 @@ def _quantize_store(
     # bit goes on every code here; a "-0" (code 8) is cleared per word below.
     code = tl.minimum(n + (e_bits >> 22) - 254, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
 
-    # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+    # Pairs of neighbouring codes, the first level of both packings below.
     lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (NB, 4, 2)))
-    words = lo | (hi << 16)
-    # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
-    words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
-    words = tl.where(bad[:, None], 0, words)
     if PACKED:
+        # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+        w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
+        w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
+        words = w_lo | (w_hi << 16)
+        # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
+        words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
+        words = tl.where(bad[:, None], 0, words)
         tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 8) + cblk * 4)[:, None]
                  + tl.arange(0, 4)[None, :], words, mask=ok[:, None])
         tl.store(scales_ptr + rows * (n_cols // 32) + cblk, tl.where(bad, 255, scale).to(tl.uint8), mask=ok)
@@ -243,14 +252,24 @@ def _quantize_store(
         e = tl.where(bad, -127, scale - 127)
         r = group_max(tl.reshape(e, (BR, SB)), BR, SB, GR, 4)  # (BR // GR, BC // 128)
         t_off = e - tl.reshape(group_broadcast(r, BR, SB, GR, 4), (NB,)) + 14  # as in e4m3_bits_of_e2m1
-        f8 = e4m3_words_of_code_words(words, t_off[:, None], NB, 4)
+        # Four codes a 32-bit word, one a byte, by the same pairing as the packed codes (a word-level
+        # shuffle of the packed words would leave Triton's layouts replicated across lanes), with
+        # "-0" cleared per byte as above; then four E4M3 bytes per 32-bit operation.
+        b_lo, b_hi = tl.split(tl.reshape(lo | (hi << 8), (NB, 8, 2)))
+        quads = b_lo | (b_hi << 16)
+        quads = quads & (((quads & 0x07070707) + 0x07070707) | 0x07070707)
+        # Each word's t (NaN blocks: a sentinel below any t) through the same pairing, so that it
+        # arrives in the words' layout instead of taking them into the blocks' one.
+        tq = tl.broadcast_to(tl.where(bad, -1024, t_off)[:, None], (NB, 32))
+        tq, _ = tl.split(tl.reshape(tq, (NB, 16, 2)))
+        tq, _ = tl.split(tl.reshape(tq, (NB, 8, 2)))
+        f8 = tl.where(tq < -512, 0x7F7F7F7F, e4m3_words_fast(quads, tq))  # a NaN block is E4M3 NaN, as in the reference
         # Byte-wise encoding holds where t >= 3; a nonzero block further below its group's R (a
         # group spanning > 11 binades) takes the code-by-code encoding.
         general = (t_off < 3) & (m_bits != 0) & ~bad
         if tl.max(general.to(tl.int32)) != 0:
             each = e4m3_bits_of_e2m1(tl.where((code & 7) == 0, 0, code), t_off[:, None])
             f8 = tl.where(general[:, None], pack_bytes(each, NB, 32), f8)
-        f8 = tl.where(bad[:, None], 0x7F7F7F7F, f8)  # a NaN block is E4M3 NaN, as in the reference
         tl.store(fp8_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 4) + cblk * 8)[:, None]
                  + tl.arange(0, 8)[None, :], f8, mask=ok[:, None])
         g = col0 // 128 + tl.arange(0, BC // 128)
@@ -292,10 +311,10 @@ def _hadamard_quantize_kernel(
         seed = 0
         seed_t = 0
     if ALONG_K:
-        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
+        _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
                         h_ptr, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
     if ALONG_M:
-        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr,
+        _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr,
                         signs_t_ptr, seed_t, h_ptr, c_hi, c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR,
                         DOT_FP32, PACKED_T, FP8_T, AMAX_T)
 
