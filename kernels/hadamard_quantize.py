@@ -431,11 +431,8 @@ def _check_x(x: torch.Tensor) -> None:
 def _check_side(side: Side, rows: int, n: int, dim: str, x: torch.Tensor, hadamard_size: int) -> torch.Tensor | None:
     """Check one orientation's request (output ``(rows, n)``, quantized along ``dim``); return its
     signs ready for the kernel."""
-    name = f"along_{dim.lower()}"
-    if not isinstance(side, Side):
-        raise TypeError(f"{name} must be a Side or None, got {type(side).__name__}")
     if not (side.packed or side.fp8 or side.amax):
-        raise ValueError(f"{name} asks for no output: set packed, fp8 or amax")
+        raise ValueError(f"along_{dim.lower()} asks for no output: set packed, fp8 or amax")
     unit = max(BLOCK_SIZE, hadamard_size) if side.hadamard else BLOCK_SIZE
     if n % unit:
         what = f"the MX block size {BLOCK_SIZE}" if unit == BLOCK_SIZE else f"the Hadamard size {unit}"
@@ -538,6 +535,9 @@ def quantize(
     _check_x(x)
     if along_k is None and along_m is None:
         raise ValueError("quantize needs along_k, along_m or both")
+    for name, side in (("along_k", along_k), ("along_m", along_m)):
+        if side is not None and not isinstance(side, Side):
+            raise TypeError(f"{name} must be a Side or None, got {type(side).__name__}")
     m, k = x.shape
     if any(s is not None and s.hadamard for s in (along_k, along_m)) and hadamard_size not in HADAMARD_SIZES:
         raise ValueError(f"the Triton kernel supports Hadamard sizes {HADAMARD_SIZES}, got {hadamard_size}")
