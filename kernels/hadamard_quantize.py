@@ -97,12 +97,16 @@ PRESCALE_UP = tl.constexpr(2.0**8)
 
 @triton.jit
 def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
-    """``(NB, 32)`` uniforms in [0, 1) for the MX blocks at (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
-    # One Philox call gives four 32-bit draws: group g of a row feeds its elements 4g..4g+3.
-    groups = (rows.to(tl.int64) * (n_cols // 4) + cblk * 8)[:, None] + tl.arange(0, 8)[None, :]
-    r0, r1, r2, r3 = tl.randint4x(seed, groups)
-    draws = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 32))
-    return tl.uint_to_uniform_float(draws)
+    """``(NB, 32)`` fp32 ``1 + u`` with u uniform on the 16-bit grid of [0, 1), for the MX blocks at
+    (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
+    # One Philox call gives four 32-bit draws, two 16-bit ones each: call c of a row feeds its
+    # elements 8c..8c+7. The 16 bits go to the top of an fp32 mantissa over the exponent of 1.
+    calls = (rows.to(tl.int64) * (n_cols // 8) + cblk * 4)[:, None] + tl.arange(0, 4)[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, calls)
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 16))
+    lo = ((w << 7) & 0x7FFF80) | 0x3F800000
+    hi = ((w >> 9) & 0x7FFF80) | 0x3F800000
+    return tl.reshape(tl.join(lo, hi), (NB, 32)).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -220,9 +224,9 @@ def _quantize_store(
     e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if SR:
         steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
-        down = tl.floor(steps)
-        u = _uniform_blocks(seed, rows, cblk, n_cols, NB)
-        n = down.to(tl.int32) + (u < steps - down).to(tl.int32)  # up with probability frac(steps)
+        # floor(steps + u): up with probability frac(steps), to within 2^-16 (the draws' grid; the
+        # fp32 sum's rounding adds at most 2^-21). The 1 of 1 + u comes off below.
+        n = (steps + _uniform_blocks(seed, rows, cblk, n_cols, NB)).to(tl.int32) - 1
     else:
         # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
         # difference of the bit patterns is the number of steps.

@@ -52,7 +52,7 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
     with open(path, "wb") as f:
         f.write(kernel.asm["cubin"])
     sass = subprocess.run([f"{BIN}/nvdisasm", "-c", path], capture_output=True, text=True, check=True).stdout
-    n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+    n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line))
     usage = subprocess.run([f"{BIN}/cuobjdump", "--dump-resource-usage", path], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
     return n * num_warps / values, int(regs.group(1)) if regs else -1
