@@ -231,3 +231,75 @@ def to_fp8_rowwise_ref(t: MXFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     fp8 = vals.reshape(m, k).to(torch.float8_e4m3fn)
     scale = torch.exp2((row_max - FP8_ROW_OFFSET).double()).float()
     return fp8, scale
+
+
+FP8_LAYOUTS = ("row", "seg128", "tile128")
+FP8_GROUP = 128  # values a side of an FP8 scale group (cuBLAS blockwise scaling on Hopper)
+
+
+def check_fp8_layout(layout: str, rows: int, n: int, name: str = "t") -> None:
+    """Raise a ValueError unless an FP8 operand ``(rows, n)`` can take ``layout`` (one of FP8_LAYOUTS)."""
+    if layout not in FP8_LAYOUTS:
+        raise ValueError(f"layout must be one of {FP8_LAYOUTS}, got {layout!r}")
+    if layout != "row" and n % FP8_GROUP:
+        raise ValueError(f"{name}: layout {layout!r} needs the quantized dimension ({n}) to be a multiple of "
+                         f"{FP8_GROUP}; pad it or use layout 'row'")
+    if layout == "tile128" and rows % FP8_GROUP:
+        raise ValueError(f"{name}: layout 'tile128' needs the rows ({rows}) to be a multiple of {FP8_GROUP}; "
+                         "pad them or use layout 'seg128' or 'row'")
+
+
+def to_fp8_ref(t: MXFP4Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-encode a 2-D MXFP4 tensor ``(M, K)`` as FP8 E4M3 ``(M, K)`` plus fp32 scales, per scale group.
+
+    The rowwise encoding of :func:`to_fp8_rowwise_ref` applied to each group of ``layout``: R = the
+    group's largest finite block exponent (NaN blocks do not count, and are written as E4M3 NaN;
+    -127 for a group without a finite block), element = ``q * 2**(e_block - R + 6)``, group scale
+    ``2**(R - 6)``. Layouts and scale tensors (what ``torch._scaled_mm`` takes on Hopper):
+
+    * ``"row"``: one group a row; scale ``(M, 1)`` (= :func:`to_fp8_rowwise_ref`).
+    * ``"seg128"``: 1×128 segments along K (A operand); scale ``(M, K/128)`` with strides
+      ``(1, M)``, the transpose of a contiguous ``(K/128, M)``. K a multiple of 128.
+    * ``"tile128"``: 128×128 tiles (Bᵀ operand, ``(N, K)``); scale ``(M/128, K/128)``
+      contiguous (``torch._scaled_mm`` takes its transpose as B's scale). M and K multiples of 128.
+
+    Exact when the block exponents inside each group span at most 14 binades (FP8_EXACT_BINADES):
+    ``fp8.float() * scale`` broadcast over its group equals ``dequantize(t)``; beyond that E4M3
+    rounding (ties to even, subnormals) loses bits of the group's small blocks only.
+    """
+    if t.codes.dim() != 2:
+        raise ValueError(f"FP8 re-encoding takes a 2-D MXFP4 tensor, got shape {tuple(t.shape)}")
+    m, k = t.shape
+    check_fp8_layout(layout, m, k)
+    if layout == "row":
+        return to_fp8_rowwise_ref(t)
+    exp = t.scales.to(torch.int32) - E8M0_BIAS
+    finite_exp = torch.where(t.scales == E8M0_NAN, torch.full_like(exp, -E8M0_BIAS), exp)
+    per_group = FP8_GROUP // BLOCK_SIZE  # blocks of a row in one group
+    if layout == "seg128":
+        r = finite_exp.reshape(m, k // FP8_GROUP, per_group).amax(-1)
+        r_blocks = r.repeat_interleave(per_group, -1)
+        # (K/128, M) contiguous, viewed as (M, K/128): the strides (1, M) that _scaled_mm takes for A.
+        scale = torch.empty((k // FP8_GROUP, m), dtype=torch.float32, device=t.device).t()
+        scale.copy_(torch.exp2((r - FP8_ROW_OFFSET).double()))
+    else:
+        r = finite_exp.reshape(m // FP8_GROUP, FP8_GROUP, k // FP8_GROUP, per_group).amax((1, 3))
+        r_blocks = r.repeat_interleave(FP8_GROUP, 0).repeat_interleave(per_group, 1)
+        scale = torch.exp2((r - FP8_ROW_OFFSET).double()).float()
+    rel = (finite_exp - r_blocks + FP8_ROW_OFFSET).double()
+    vals = e2m1_to_float(unpack_e2m1(t.codes)).double().reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
+    vals = vals * torch.exp2(rel).unsqueeze(-1)
+    vals = torch.where((t.scales == E8M0_NAN).unsqueeze(-1), torch.full_like(vals, float("nan")), vals)
+    return vals.reshape(m, k).to(torch.float8_e4m3fn), scale
+
+
+def fp8_group_scale(scale: torch.Tensor, layout: str, shape: tuple[int, int]) -> torch.Tensor:
+    """The scale of every element of an FP8 operand of ``shape`` (fp32 ``(M, K)``): ``scale`` of
+    :func:`to_fp8_ref` broadcast over its groups, so that ``fp8.float() * fp8_group_scale(...)`` is the
+    dequantized operand."""
+    m, k = shape
+    if layout == "row":
+        return scale.expand(m, k)
+    if layout == "seg128":
+        return scale.repeat_interleave(FP8_GROUP, 1)
+    return scale.repeat_interleave(FP8_GROUP, 0).repeat_interleave(FP8_GROUP, 1)
