@@ -28,11 +28,17 @@ from typing import NamedTuple
 
 import torch
 
-from adahop.formats import BLOCK_SIZE, MXFP4Tensor, dequantize_mxfp4_ref, quantize_mxfp4_ref, to_fp8_rowwise_ref
+from adahop.formats import (
+    BLOCK_SIZE,
+    FP8_GROUP,
+    FP8_LAYOUTS,
+    MXFP4Tensor,
+    dequantize_mxfp4_ref,
+    quantize_mxfp4_ref,
+    to_fp8_ref,
+)
 from adahop.hadamard import block_hadamard_ref
 
-FP8_LAYOUTS = ("row", "seg128", "tile128")
-FP8_GROUP = 128  # the blockwise-scaled FP8 GEMM's segment and tile edge
 
 
 class Request(NamedTuple):
@@ -89,16 +95,6 @@ def fp8_scale_shape(rows: int, n: int, layout: str) -> tuple[tuple[int, int], tu
     return (rows // FP8_GROUP, n // FP8_GROUP), (n // FP8_GROUP, 1)
 
 
-def check_fp8_layout(rows: int, n: int, layout: str, name: str) -> None:
-    """ValueError unless an operand ``(rows, n)`` divides into ``layout``'s groups."""
-    if layout not in FP8_LAYOUTS:
-        raise ValueError(f"{name}: unknown FP8 layout {layout!r}; choose from {FP8_LAYOUTS}")
-    if layout in ("seg128", "tile128") and n % FP8_GROUP:
-        raise ValueError(f"{name}: FP8 layout {layout} needs the quantized dimension ({n}) to be a multiple of 128")
-    if layout == "tile128" and rows % FP8_GROUP:
-        raise ValueError(f"{name}: FP8 layout tile128 needs the row count ({rows}) to be a multiple of 128")
-
-
 def _empty(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=x.device)
 
@@ -116,13 +112,7 @@ def _fp8_of(q: MXFP4Tensor, layout: str, backend: str) -> tuple[torch.Tensor, to
     if backend == "triton":
         from adahop_kernels.fp8_reencode import fp8_reencode
 
-        if layout == "row":
-            return fp8_reencode(q)
         return fp8_reencode(q, layout=layout)
-    if layout == "row":
-        return to_fp8_rowwise_ref(q)
-    from adahop.formats import to_fp8_ref
-
     return to_fp8_ref(q, layout)
 
 
@@ -167,21 +157,10 @@ def _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding,
     from adahop_kernels import hadamard_quantize as hq
 
     def side(req, signs):
-        if req is None or not (req.packed or req.fp8):
-            return None
-        return hq._Side(req.hadamard, signs, False)
+        return None if req is None else hq.Side(req.hadamard, signs, req.packed, req.fp8, req.amax)
 
-    s = _seed_int(seed) if rounding == "sr" else None
-    qk, qm = hq._quantize(x, side(rk, signs_k), side(rm, signs_m), hadamard_size, rounding, s, nan_policy)
-    outs = []
-    for q, req, t in ((qk, rk, x), (qm, rm, x.t())):
-        amax = None
-        if req is not None and req.amax:
-            from adahop_kernels.outliers import row_absmax
-
-            amax = row_absmax(t)
-        outs.append((q, amax))
-    return outs
+    return hq.quantize(x, side(rk, signs_k), side(rm, signs_m), hadamard_size=hadamard_size, rounding=rounding,
+                       seed=seed, nan_policy=nan_policy)
 
 
 @torch.library.custom_op("adahop::quantize", mutates_args=())
@@ -209,9 +188,18 @@ def quantize(
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x or x.T))`` and its FP8 re-encodings.
     """
     rk, rm = parse_request(request_k), parse_request(request_m)
-    impl = _quantize_triton if backend == "triton" else _quantize_reference
-    (qk, ak), (qm, am) = impl(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
+    if backend == "triton":
+        outs = _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
+        return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
+    (qk, ak), (qm, am) = _quantize_reference(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
     return tuple(_side_outputs(x, qk, rk, ak, backend) + _side_outputs(x, qm, rm, am, backend))
+
+
+def _kernel_outputs(x: torch.Tensor, out) -> list[torch.Tensor]:
+    if out is None:
+        return _absent(x)
+    fields = (out.codes, out.scales, out.fp8, out.fp8_scale, out.amax)
+    return [t if t is not None else e for t, e in zip(fields, _absent(x))]
 
 
 def _fake_side(x: torch.Tensor, rows: int, n: int, req: Request | None) -> list[torch.Tensor]:
