@@ -644,7 +644,7 @@ class Trainer:
         self.train_batches.load_state_dict(mine["data"])
         set_rng_state(mine["rng"])
         self.step, self.best_val_loss, self.last_checkpoint = state["step"], state["best_val_loss"], found[-1]
-        # (a checkpoint from before segments were recorded: its earlier code is unknown)
+        # (a checkpoint without segments: the code of its steps is unknown)
         earlier = state.get("segments", [{"from_step": 0, "git_commit": None, "git_dirty": None}])
         self.segments = [*earlier, {**self.segments[-1], "from_step": self.step}]
         # Lines logged after the checkpoint belong to the lost part of the interrupted run.

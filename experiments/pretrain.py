@@ -90,8 +90,8 @@ class StopOnSignal:
     """While installed, SIGTERM asks the watched trainer to stop after its current step
     (:meth:`Trainer.request_stop`). A repeat within ``repeat_grace_s`` of the first is the same
     request (``timeout`` signals the process and then its group, so every process gets two in a
-    row; resetting the handler on the first made the second kill the run before its checkpoint
-    whenever the handler ran between them); a later one gets the default action (the process ends)."""
+    row; resetting the handler on the first would let the second kill the run before its checkpoint
+    whenever the handler runs between them); a later one gets the default action (the process ends)."""
 
     def __init__(self, repeat_grace_s: float = 5.0) -> None:
         self.reason: str | None = None

@@ -52,7 +52,7 @@ def short(value: float) -> str:
 
 
 def is_peer(record: Any) -> bool:
-    """A torchao float8 peer: said by the record (``peer``), or by its name in files before that field."""
+    """A torchao float8 peer: said by the record (``peer``), or by its name in a file without that field."""
     peer = getattr(record, "peer", None)
     return (isinstance(peer, str) and bool(peer)) or record.recipe in PEER_COLOURS
 
@@ -66,7 +66,7 @@ def order(recipes: pd.Series) -> list[str]:
 
 
 def busy(record: Any) -> float | None:
-    """The record's GPU-busy share of wall time, or None (a CPU, or a file from before it was measured)."""
+    """The record's GPU-busy share of wall time, or None (a CPU, or a file without the field)."""
     split = getattr(record, "gpu_busy", None)
     return split.get("busy_fraction") if isinstance(split, dict) else None
 
@@ -80,7 +80,7 @@ def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
     cuda = (prov.get("device") or {}).get("type") == "cuda"
     where = f"{n} GPU{'s' if n > 1 else ''}" if cuda else f"CPU, {n} process{'es' if n > 1 else ''}"
     if n > 1:
-        fsdp = first.get("fsdp")  # absent (NaN) in files from before FSDP: DDP
+        fsdp = first.get("fsdp")  # absent (NaN) in a file without the field: DDP
         where += ", FSDP2" if isinstance(fsdp, (bool, np.bool_)) and fsdp else ", DDP"
     untimed = (prov.get("config") or {}).get("untimed_steps", "?")
     return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit})\n"
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
 
     ax = axes[2]
     bars(ax, rows, lambda r: None if busy(r.record) is None else 100 * busy(r.record), lambda r, v: f"{v:.0f}%",
-         "n/a (not measured: CPU, or an older file)")
+         "n/a (not measured: CPU, or a file without it)")
     ax.set_title("GPU busy share of wall time")
     ax.set_xlabel("% of wall time with GPU work (profiled steps)")
 
