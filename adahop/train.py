@@ -308,8 +308,8 @@ def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, 
     the optimizer steps in fp32 on the fp32 shards); the trainer's autocast stays on, so the ops it
     keeps in fp32 still run in fp32. Unlike DDP's fp32 weights under autocast, the activations
     between blocks are then bf16 (the gathered embedding is), as in other FSDP2 trainers. Without
-    ``bf16`` everything is fp32. ``compile_blocks``: each block ``torch.compile``-d in place before
-    sharding (FSDP2's hooks stay outside the compiled graphs; names and checkpoints are unchanged).
+    ``bf16`` everything is fp32. ``compile_blocks``: each block's ``forward`` ``torch.compile``-d (FSDP2's
+    hooks stay outside the compiled graphs; module names and checkpoints are unchanged).
 
     Equivalent to DDP over the same global batch up to the bf16 rounding of the gathered weights
     (without ``bf16``: up to the order of the float reductions).
@@ -321,7 +321,8 @@ def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, 
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.model.layers:
         if compile_blocks:
-            block.compile()
+            # The block's forward, not its call: FSDP2's gather/reshard hooks run around it, eagerly.
+            block.forward = torch.compile(block.forward)
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
