@@ -16,13 +16,14 @@ What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches
    (which advances a recipe's calibration);
 5. every ``eval_interval`` steps the held-out loss; every ``checkpoint_interval`` steps an atomic
    checkpoint (model with the layers' extra state = calibrated strategies, optimizer, scheduler,
-   each rank's data-sampler and RNG states); a JSONL metrics line per ``log_interval`` steps.
+   each rank's data-sampler and RNG states and its layers' calibration votes so far); a JSONL
+   metrics line per ``log_interval`` steps.
 
 Checkpoints under FSDP hold full (unsharded) state dicts, gathered to rank 0's host memory
 through ``torch.distributed.checkpoint.state_dict`` and loaded back by every rank from the one
 file: the same single-file layout as DDP's and one process's, which :func:`adahop.model.export_hf`
 and the strategy export read directly. It needs rank 0 to hold the fp32 weights and both AdamW
-moments in host memory (about 16 bytes a parameter: ~47 GiB for ``3b``), which the sizes of
+moments in host memory (16 bytes a parameter: 44 GiB for ``3b``), which the sizes of
 :mod:`adahop.model` fit; a sharded ``torch.distributed.checkpoint`` directory would be the way
 past that.
 
