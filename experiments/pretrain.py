@@ -267,12 +267,14 @@ def busy_split(intervals: Iterable[tuple[float, float]], wall_s: float) -> dict[
 
 def device_intervals(prof: Any, device_type: Any = None) -> list[tuple[float, float]]:
     """``(start, end)`` seconds of the profiler's events on ``device_type`` (default CUDA: the
-    kernels, copies and memsets CUPTI recorded)."""
+    kernels, copies and memsets CUPTI recorded), user annotations left out."""
     from torch.autograd import DeviceType
 
     device_type = DeviceType.CUDA if device_type is None else device_type
+    # User annotations projected on the device timeline span the gaps between their kernels: not work.
     return [(e.time_range.start / 1e6, e.time_range.end / 1e6) for e in prof.events()
-            if e.device_type == device_type and e.time_range.end > e.time_range.start]
+            if e.device_type == device_type and e.time_range.end > e.time_range.start
+            and not getattr(e, "is_user_annotation", False)]
 
 
 def measure_busy(trainer: Trainer, steps: int) -> dict[str, Any] | None:
