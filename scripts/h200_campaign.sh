@@ -5,7 +5,8 @@
 #         $OUT/tests.json, one record per test), microbench, layers, memory, patterns (the gpu profile's pattern study: needs data/carry/full
 #         carried), strategies (the strategy map of every adahop run, its calibration replayed; the
 #         same carry; 353 s for the three 125m seeds on 2026-11-30, default limit 540 s), and throughput-RUN / profile-RUN for a RUN of config/gpu.yaml's
-#         throughput section (125m_compile, 125m_eager, 125m_compile_ddp2 on 2 GPUs, 1b_compile): the command
+#         throughput sections (125m_compile, 125m_eager, 1b_compile, 3b_compile; on 2 GPUs the
+#         throughput_multi_gpu runs 125m_compile_ddp2, 1b_compile_ddp2, 3b_compile_fsdp2): the command
 #         rules/throughput.smk runs, writing $OUT/RUN.json; profile-RUN also writes torch.profiler tables of
 #         3 more steps per recipe ($OUT/profile_<model>_<recipe>.txt). A run is stopped after
 #         THROUGHPUT_TIMEOUT_S (default 560) and keeps the recipes it finished (the 2026-11-30 campaign
@@ -100,12 +101,14 @@ print(*(f"{m}:{r}:{s}" for m in p["models"] for r in p["recipes"] if get_recipe(
       cmd=$(python3 - "$run" <<'PY'
 import sys, yaml
 p = yaml.safe_load(open("config/gpu.yaml"))
-r = {r["name"]: r for r in p["throughput"]}[sys.argv[1]]
+r = {r["name"]: r for r in p["throughput"] + (p.get("throughput_multi_gpu") or [])}[sys.argv[1]]
 n = r["world_size"]
-print("python3" if n == 1 else f"torchrun --standalone --nproc_per_node={n}", "experiments/pretrain.py",
+multi = "env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 torchrun --standalone"
+print("python3" if n == 1 else f"{multi} --nproc_per_node={n}", "experiments/pretrain.py",
       "--config config/gpu.yaml --throughput-only --model", r["model"], "--recipe", ",".join(r["recipes"]),
       "--compile" if r["compile"] else "--no-compile", "--batch-size", r["batch_size"], "--seq-len", r["seq_len"],
-      "--steps", r["steps"], "--untimed-steps", r["untimed_steps"], "--vocab-size", p["corpus"]["vocab_size"])
+      "--steps", r["steps"], "--untimed-steps", r["untimed_steps"], "--vocab-size", p["corpus"]["vocab_size"],
+      *(["--fsdp"] if r.get("fsdp") else []))
 PY
 ) || { echo "no throughput run $run in config/gpu.yaml" | tee -a "$LOG"; continue; }
       # shellcheck disable=SC2086  # $cmd is words without spaces inside

@@ -81,7 +81,7 @@ def test_the_queue_guards_each_stage_with_at_least_the_plans_estimate():
 def test_a_one_gpu_throughput_run_is_a_stage_and_the_queue_guards_it(capsys):
     profile = yaml.safe_load((REPO / "config" / "gpu.yaml").read_text())
     one_gpu = [r["name"] for r in profile["throughput"] if r["world_size"] == 1]
-    ddp = [r["name"] for r in profile["throughput"] if r["world_size"] > 1]
+    ddp = [r["name"] for r in profile["throughput"] + profile.get("throughput_multi_gpu", []) if r["world_size"] > 1]
     assert one_gpu and ddp
     assert plan_queue.main(["--gpus", "1", "--seconds", "1e9", "--stages", f"throughput-{one_gpu[0]}"]) == 0
     assert f"stage:throughput-{one_gpu[0]}" in queued(capsys.readouterr().out)
