@@ -170,7 +170,16 @@ def quantize_mxfp4_ref(
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """Pack uint8 codes ``(..., K)`` (values 0..15, K even) into ``(..., K // 2)`` bytes."""
+    """Pack uint8 codes ``(..., K)`` (values 0..15, K even) into ``(..., K // 2)`` bytes.
+
+    Equivalent to ``codes[..., 0::2] | codes[..., 1::2] << 4``; a code above 15 raises ValueError.
+    """
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype != torch.uint8 or codes.dim() < 1:
+        raise ValueError(f"codes must be uint8 of at least one dimension, got {codes.dtype} of shape {tuple(codes.shape)}")
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     if codes.shape[-1] % 2:
         raise ValueError(f"cannot pack an odd number of codes ({codes.shape[-1]})")
     return codes[..., 0::2] | (codes[..., 1::2] << 4)

@@ -17,12 +17,16 @@ import torch
 
 from adahop.backend import Backend, FasterOf, resolve_backend
 from adahop.checks import (
+    DEQUANTIZE_DTYPES,
     MM_OUT_DTYPES,
     check_2d,
     check_float_matrix,
     check_mxfp4_operand,
     check_mxfp4_operands,
+    check_mxfp4_tensor,
+    check_quantize_options,
     check_scaled_mean_squares_input,
+    check_signs,
 )
 from adahop.formats import (
     BLOCK_SIZE,
@@ -38,13 +42,6 @@ from adahop.formats import (
 from adahop.hadamard import DEFAULT_HADAMARD_SIZE, block_hadamard_ref
 
 
-def _check_signs(signs: torch.Tensor | None, k: int, device: torch.device) -> None:
-    if signs is None:
-        return
-    if signs.shape != (k,):
-        raise ValueError(f"signs must have shape ({k},) to match the quantized dimension, got {tuple(signs.shape)}")
-    if signs.device != device:
-        raise ValueError(f"signs are on {signs.device} but the input is on {device}")
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -62,6 +59,10 @@ def hadamard_quantize_ref(
     nan_policy: NanPolicy = "propagate",
 ) -> MXFP4Tensor:
     """Reference of :func:`hadamard_quantize` along the last dimension (transform in fp64)."""
+    check_quantize_options(dict(hadamard=hadamard, emit_fp8=emit_fp8), hadamard, hadamard_size, rounding, seed,
+                           nan_policy)
+    check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
+    check_signs(signs, x.shape[-1], x.device, "signs", hadamard)
     xt = block_hadamard_ref(x, hadamard_size, signs).float() if hadamard else x
     q = quantize_mxfp4_ref(xt, rounding, _generator(seed, x.device), nan_policy)
     if emit_fp8:
@@ -93,9 +94,11 @@ def hadamard_quantize(
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x.T if transpose else x))``.
     """
     check_2d(x, "x")
+    check_quantize_options(dict(transpose=transpose, hadamard=hadamard, emit_fp8=emit_fp8), hadamard, hadamard_size,
+                           rounding, seed, nan_policy)
     xt = x.t() if transpose else x
     check_quantize_input(xt, "x.T" if transpose else "x", max(32, hadamard_size if hadamard else 32))
-    _check_signs(signs, xt.shape[-1], x.device)
+    check_signs(signs, xt.shape[-1], x.device, "signs", hadamard)
     if resolve_backend(x.device, backend) is Backend.TRITON:
         from adahop_kernels.hadamard_quantize import hadamard_quantize as kernel
 
@@ -131,10 +134,12 @@ def hadamard_quantize_dual(
     hadamard_quantize(x, transpose=True, hadamard=hadamard_t, signs=signs_t, emit_fp8=emit_fp8_t, ...))``.
     """
     check_2d(x, "x")
+    check_quantize_options(dict(hadamard=hadamard, hadamard_t=hadamard_t, emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_t),
+                           hadamard or hadamard_t, hadamard_size, rounding, seed, nan_policy)
     check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
     check_quantize_input(x.t(), "x.T", max(32, hadamard_size if hadamard_t else 32))
-    _check_signs(signs, x.shape[1], x.device)
-    _check_signs(signs_t, x.shape[0], x.device)
+    check_signs(signs, x.shape[1], x.device, "signs", hadamard)
+    check_signs(signs_t, x.shape[0], x.device, "signs_t", hadamard_t)
     if resolve_backend(x.device, backend) is Backend.TRITON:
         from adahop_kernels.hadamard_quantize import hadamard_quantize_dual as kernel
 
@@ -146,11 +151,19 @@ def hadamard_quantize_dual(
 
 
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16, backend: Backend | str | None = None) -> torch.Tensor:
-    """Packed MXFP4 ``(..., K)`` to ``dtype``. Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`."""
+    """Packed MXFP4 ``(..., K)`` to ``dtype`` (float32, bfloat16, float16 or float64).
+
+    codes and scales uint8 and contiguous, on one device (:func:`adahop.checks.check_mxfp4_tensor`).
+    Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`.
+    """
+    check_mxfp4_tensor(t, "t")
+    if dtype not in DEQUANTIZE_DTYPES:
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
     if resolve_backend(t.device, backend) is Backend.TRITON:
         from adahop_kernels.dequantize import dequantize as kernel
 
-        return kernel(t, dtype)
+        # Every MXFP4 value is exact in fp32, so float64 is the fp32 result widened.
+        return kernel(t, dtype) if dtype is not torch.float64 else kernel(t, torch.float32).double()
     return dequantize_mxfp4_ref(t, dtype)
 
 
