@@ -122,16 +122,17 @@ def check_mxfp4_operand(t: MXFP4Tensor, name: str) -> None:
             raise ValueError(f"{name}.fp8_scale must be float32 of shape {(rows, 1)} on {t.device} next to fp8")
 
 
-def check_mxfp4_operands(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype) -> None:
-    """Checks of ``A · Bᵀ``: both operands, equal K, one device, a supported output dtype."""
+def check_mxfp4_operands(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype,
+                         out_dtypes: tuple[torch.dtype, ...] = MM_OUT_DTYPES) -> None:
+    """Checks of ``A · Bᵀ``: both operands, equal K, one device, an output dtype of ``out_dtypes``."""
     check_mxfp4_operand(a, "a")
     check_mxfp4_operand(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (A·Bᵀ needs equal K)")
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}")
-    if out_dtype not in MM_OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {MM_OUT_DTYPES}, got {out_dtype}")
+    if out_dtype not in out_dtypes:
+        raise ValueError(f"out_dtype must be one of {out_dtypes}, got {out_dtype}")
 
 
 def check_mxfp4_tensor(t: MXFP4Tensor, name: str = "t") -> int:

@@ -173,6 +173,8 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
     Equivalent to ``x.abs().amax(1).topk(k).indices.sort().values``.
     """
     check_2d(x, "x")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
     if not 0 <= k <= x.shape[0]:
         raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
     return x.abs().amax(dim=1).topk(k).indices.sort().values
@@ -431,6 +433,7 @@ def _mm_dequant(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend)
 
 def mxfp4_mm_ref(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``A · Bᵀ`` for A ``(M, K)`` and B ``(N, K)`` in MXFP4, computed in fp64 from the dequantized operands."""
+    check_mxfp4_operands(a, b, out_dtype, (*MM_OUT_DTYPES, torch.float64))
     return (dequantize_mxfp4_ref(a, torch.float64) @ dequantize_mxfp4_ref(b, torch.float64).t()).to(out_dtype)
 
 
