@@ -44,10 +44,10 @@ def check_signs(signs: torch.Tensor | None, n: int, device: torch.device, name: 
     of exact ±1 on ``device`` (the input's), given only with a transform (``transformed``: signs
     flip the input of the Hadamard transform; without one the kernel would still flip them).
 
-    The Triton kernel flips where ``signs < 0`` and the reference multiplies by ``signs``: the same
-    only for ±1, so other values are refused. Reading the values costs a device sync, so on CUDA
-    they are not read (both backends there flip where ``signs < 0``; the values
-    :func:`adahop.hadamard.random_signs` draws are ±1 by construction).
+    The documented operation is ``x * signs``; both backends flip where ``signs < 0`` (the kernel
+    by the sign bit), which is that product only for ±1, so other values are refused. Reading the
+    values costs a device sync, so on CUDA they are not read: there both backends still flip alike,
+    and :func:`adahop.hadamard.random_signs` draws ±1 by construction.
     """
     if signs is None:
         return

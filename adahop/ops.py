@@ -42,8 +42,6 @@ from adahop.formats import (
 from adahop.hadamard import DEFAULT_HADAMARD_SIZE, block_hadamard_ref
 
 
-
-
 def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
     return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 

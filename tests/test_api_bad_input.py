@@ -146,6 +146,7 @@ class Case:
     match: str | None = None
     check: Callable[[Any], bool] | None = None
     exact: bool = True  # results of both backends bit for bit (False: to fp32 rounding, other sum orders)
+    gap: str | None = None  # why the code answers otherwise today (the case is an expected failure until fixed)
 
 
 def raises(id: str, api: str, call, error: type[Exception], match: str) -> Case:
@@ -508,6 +509,29 @@ CASES = [
     gives("step-model-without-quant-layers", "adahop.on_optimizer_step",
           lambda b: adahop.on_optimizer_step(nn.Sequential(nn.Linear(64, 64))), lambda out: out is None),
 ]
+# Bad input that adahop.linear (outside this table's change) does not refuse clearly yet: strict
+# expected failures, so each shows up as passing, and must be unmarked, once it is fixed.
+LINEAR_GAP = "adahop.linear does not check it: it fails further in, naming neither argument nor problem"
+CASES += [
+    Case("convert-not-a-module", "adahop.convert", lambda b: adahop.convert("model", "mxfp4"), TypeError,
+         "model must be an nn.Module, got str", gap=LINEAR_GAP),
+    Case("convert-skip-a-str", "adahop.convert",
+         lambda b: adahop.convert(nn.Sequential(nn.Linear(64, 64)), "mxfp4", skip="lm_head"), TypeError,
+         "skip must be .*names.*, got str", gap=LINEAR_GAP + " (a str is taken as its characters)"),
+    Case("export-not-a-module", "adahop.export_strategies", lambda b: adahop.export_strategies("model"), TypeError,
+         "model must be an nn.Module, got str", gap=LINEAR_GAP),
+    Case("step-not-a-module", "adahop.on_optimizer_step", lambda b: adahop.on_optimizer_step("model"), TypeError,
+         "model must be an nn.Module, got str", gap=LINEAR_GAP),
+    Case("layer-features-float", "adahop.QuantLinear", lambda b: adahop.QuantLinear(64.0, 64, recipe="mxfp4"),
+         TypeError, "in_features must be an int, got float", gap=LINEAR_GAP),
+]
+
+
+def case_params(cases: list[Case]) -> list:
+    return [pytest.param(c, id=c.id, marks=[pytest.mark.xfail(strict=True, reason=c.gap)] if c.gap else [])
+            for c in cases]
+
+
 # A tensor on a device the Triton kernels cannot run (meta): the one place the backends answer
 # differently, by design. The Triton backend refuses it naming the device; the reference computes
 # on it as torch does (a meta result of the right shape, what shape inference needs).
@@ -550,7 +574,7 @@ def test_every_public_function_has_a_case():
     assert sorted(covered - public_api()) == []
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", case_params(CASES))
 def test_bad_input_gets_the_documented_answer_on_both_backends(case: Case, monkeypatch):
     answers = {b: run(case, b, monkeypatch) for b in BACKENDS}
     for backend, (kind, value) in answers.items():
