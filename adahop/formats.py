@@ -91,9 +91,10 @@ def check_quantize_input(x: torch.Tensor, name: str = "x", block_size: int = BLO
     if x.dim() < 1:
         raise ValueError(f"{name} must have at least one dimension, got a scalar")
     if x.shape[-1] % block_size != 0:
+        unit = f"MX block size {block_size}" if block_size == BLOCK_SIZE else f"Hadamard block size {block_size}"
         raise ValueError(
             f"{name}: the quantized (last) dimension is {x.shape[-1]}, not a multiple of the "
-            f"MX block size {block_size}; pad it or keep this layer in BF16"
+            f"{unit}; pad it or keep this layer in BF16"
         )
 
 
@@ -109,6 +110,8 @@ def shared_exponent_ref(amax: torch.Tensor) -> torch.Tensor:
 
     Equivalent to ``floor(log2(amax)) - 2 + 127`` for normal ``amax``; 0 for zero/subnormal.
     """
+    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
+        raise ValueError(f"amax must be a floating tensor, got {getattr(amax, 'dtype', type(amax).__name__)}")
     biased = (amax.float().view(torch.int32) >> 23) & 0xFF
     return (biased - E2M1_EMAX).clamp(0, 254)
 
@@ -170,25 +173,42 @@ def quantize_mxfp4_ref(
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """Pack uint8 codes ``(..., K)`` (values 0..15, K even) into ``(..., K // 2)`` bytes."""
+    """Pack uint8 codes ``(..., K)`` (values 0..15, K even) into ``(..., K // 2)`` bytes.
+
+    Equivalent to ``codes[..., 0::2] | codes[..., 1::2] << 4``; a code above 15 raises ValueError.
+    """
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype != torch.uint8 or codes.dim() < 1:
+        raise ValueError(f"codes must be uint8 of at least one dimension, got {codes.dtype} of shape {tuple(codes.shape)}")
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     if codes.shape[-1] % 2:
         raise ValueError(f"cannot pack an odd number of codes ({codes.shape[-1]})")
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_e2m1`: ``(..., K // 2)`` bytes to ``(..., K)`` codes."""
+    """Inverse of :func:`pack_e2m1`: ``(..., K // 2)`` uint8 bytes to ``(..., K)`` codes."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise ValueError(f"packed must be uint8, got {getattr(packed, 'dtype', type(packed).__name__)}")
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
 def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     """Value of each E2M1 code (uint8 0..15) as fp32."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
+        raise ValueError(f"codes must be uint8, got {getattr(codes, 'dtype', type(codes).__name__)}")
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), device=codes.device)
     return table[codes.long()]
 
 
 def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     """Value of each E8M0 byte as fp32 (0xFF is NaN; byte 0 is 2^-127, a subnormal)."""
+    if not isinstance(scales, torch.Tensor) or scales.dtype != torch.uint8:
+        raise ValueError(f"scales must be uint8, got {getattr(scales, 'dtype', type(scales).__name__)}")
     exp = scales.to(torch.int32) - E8M0_BIAS
     out = torch.exp2(exp.double()).float()
     return torch.where(scales == E8M0_NAN, torch.full_like(out, float("nan")), out)
@@ -196,6 +216,9 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mxfp4_ref(t: MXFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dequantize to ``dtype``. Equivalent to ``e2m1(codes) * 2**(scale - 127)`` per block."""
+    from adahop.checks import check_mxfp4_tensor  # adahop.checks imports this module
+
+    check_mxfp4_tensor(t, "t")
     vals = e2m1_to_float(unpack_e2m1(t.codes))
     lead, k = vals.shape[:-1], vals.shape[-1]
     scale = e8m0_to_float(t.scales).unsqueeze(-1)
@@ -216,6 +239,9 @@ def to_fp8_rowwise_ref(t: MXFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     beyond that, E4M3 rounding (ties to even, subnormals) loses bits of the small blocks only.
     Equivalent to ``fp8 * scale == dequantize(t)`` under that condition.
     """
+    from adahop.checks import check_mxfp4_tensor  # adahop.checks imports this module
+
+    check_mxfp4_tensor(t, "t")
     if t.codes.dim() != 2:
         raise ValueError(f"FP8 re-encoding takes a 2-D MXFP4 tensor, got shape {tuple(t.shape)}")
     exp = t.scales.to(torch.int32) - E8M0_BIAS

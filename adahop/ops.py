@@ -18,12 +18,16 @@ import torch
 from adahop import library
 from adahop.backend import Backend, FasterOf, resolve_backend
 from adahop.checks import (
+    DEQUANTIZE_DTYPES,
     MM_OUT_DTYPES,
     check_2d,
     check_float_matrix,
     check_mxfp4_operand,
     check_mxfp4_operands,
+    check_mxfp4_tensor,
+    check_quantize_options,
     check_scaled_mean_squares_input,
+    check_signs,
 )
 from adahop.formats import (
     BLOCK_SIZE,
@@ -37,15 +41,6 @@ from adahop.formats import (
     to_fp8_rowwise_ref,
 )
 from adahop.hadamard import DEFAULT_HADAMARD_SIZE, block_hadamard_ref
-
-
-def _check_signs(signs: torch.Tensor | None, k: int, device: torch.device) -> None:
-    if signs is None:
-        return
-    if signs.shape != (k,):
-        raise ValueError(f"signs must have shape ({k},) to match the quantized dimension, got {tuple(signs.shape)}")
-    if signs.device != device:
-        raise ValueError(f"signs are on {signs.device} but the input is on {device}")
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -63,6 +58,10 @@ def hadamard_quantize_ref(
     nan_policy: NanPolicy = "propagate",
 ) -> MXFP4Tensor:
     """Reference of :func:`hadamard_quantize` along the last dimension (transform in fp64)."""
+    check_quantize_options(dict(hadamard=hadamard, emit_fp8=emit_fp8), hadamard, hadamard_size, rounding, seed,
+                           nan_policy)
+    check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
+    check_signs(signs, x.shape[-1], x.device, "signs", hadamard)
     xt = block_hadamard_ref(x, hadamard_size, signs).float() if hadamard else x
     q = quantize_mxfp4_ref(xt, rounding, _generator(seed, x.device), nan_policy)
     if emit_fp8:
@@ -125,9 +124,11 @@ def hadamard_quantize(
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x.T if transpose else x))``.
     """
     check_2d(x, "x")
+    check_quantize_options(dict(transpose=transpose, hadamard=hadamard, emit_fp8=emit_fp8), hadamard, hadamard_size,
+                           rounding, seed, nan_policy)
     xt = x.t() if transpose else x
     check_quantize_input(xt, "x.T" if transpose else "x", max(32, hadamard_size if hadamard else 32))
-    _check_signs(signs, xt.shape[-1], x.device)
+    check_signs(signs, xt.shape[-1], x.device, "signs", hadamard)
     req = library.request(hadamard, fp8="row" if emit_fp8 else None)
     outs = library.quantize(x, None if transpose else signs, signs if transpose else None,
                             _draw_seed(rounding, seed, x.device), "" if transpose else req, req if transpose else "",
@@ -162,10 +163,12 @@ def hadamard_quantize_dual(
     hadamard_quantize(x, transpose=True, hadamard=hadamard_t, signs=signs_t, emit_fp8=emit_fp8_t, ...))``.
     """
     check_2d(x, "x")
+    check_quantize_options(dict(hadamard=hadamard, hadamard_t=hadamard_t, emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_t),
+                           hadamard or hadamard_t, hadamard_size, rounding, seed, nan_policy)
     check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
     check_quantize_input(x.t(), "x.T", max(32, hadamard_size if hadamard_t else 32))
-    _check_signs(signs, x.shape[1], x.device)
-    _check_signs(signs_t, x.shape[0], x.device)
+    check_signs(signs, x.shape[1], x.device, "signs", hadamard)
+    check_signs(signs_t, x.shape[0], x.device, "signs_t", hadamard_t)
     outs = library.quantize(x, signs, signs_t, _draw_seed(rounding, seed, x.device),
                             library.request(hadamard, fp8="row" if emit_fp8 else None),
                             library.request(hadamard_t, fp8="row" if emit_fp8_t else None),
@@ -174,8 +177,19 @@ def hadamard_quantize_dual(
 
 
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16, backend: Backend | str | None = None) -> torch.Tensor:
-    """Packed MXFP4 ``(..., K)`` to ``dtype``. Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`."""
-    return library.dequantize(t.codes, t.scales, dtype, resolve_backend(t.device, backend).value)
+    """Packed MXFP4 ``(..., K)`` to ``dtype`` (float32, bfloat16, float16 or float64).
+
+    codes and scales uint8 and contiguous, on one device (:func:`adahop.checks.check_mxfp4_tensor`).
+    Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`.
+    """
+    check_mxfp4_tensor(t, "t")
+    if dtype not in DEQUANTIZE_DTYPES:
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
+    backend = resolve_backend(t.device, backend).value
+    # Every MXFP4 value is exact in fp32, so float64 is the fp32 result widened.
+    if dtype is torch.float64 and backend == "triton":
+        return library.dequantize(t.codes, t.scales, torch.float32, backend).double()
+    return library.dequantize(t.codes, t.scales, dtype, backend)
 
 
 def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -184,6 +198,8 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
     Equivalent to ``x.abs().amax(1).topk(k).indices.sort().values``.
     """
     check_2d(x, "x")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
     if not 0 <= k <= x.shape[0]:
         raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
     return x.abs().amax(dim=1).topk(k).indices.sort().values
@@ -454,6 +470,7 @@ def _mm_dequant(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend)
 
 def mxfp4_mm_ref(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``A · Bᵀ`` for A ``(M, K)`` and B ``(N, K)`` in MXFP4, computed in fp64 from the dequantized operands."""
+    check_mxfp4_operands(a, b, out_dtype, (*MM_OUT_DTYPES, torch.float64))
     return (dequantize_mxfp4_ref(a, torch.float64) @ dequantize_mxfp4_ref(b, torch.float64).t()).to(out_dtype)
 
 

@@ -52,8 +52,7 @@ def run_main(path: Path, *argv) -> int | None:
 
 def script(name: str) -> Path:
     path = ROOT / "experiments" / f"{name}.py"
-    if not path.exists():
-        pytest.skip(f"experiments/{name}.py is not written yet")
+    assert path.is_file(), f"stage script experiments/{name}.py is missing"
     return path
 
 

@@ -42,10 +42,11 @@ def stage_scripts() -> list[str]:
     return sorted(set(re.findall(r"stage_input\(\"(experiments/[a-z_]+\.py)\"\)", text)))
 
 
-MISSING_SCRIPTS = [s for s in stage_scripts() if not (ROOT / s).exists()]
-needs_all_scripts = pytest.mark.skipif(
-    bool(MISSING_SCRIPTS), reason=f"stage scripts not written yet: {MISSING_SCRIPTS}"
-)
+def test_every_script_a_rule_calls_exists():
+    # A missing stage script fails here (and in every dry run below), never skips a test.
+    scripts = stage_scripts()
+    assert scripts, "no rule names a stage script (stage_input(...)): the pattern above no longer matches"
+    assert [s for s in scripts if not (ROOT / s).exists()] == []
 
 
 def snakemake(cwd: Path, *args: str) -> subprocess.CompletedProcess:
@@ -96,7 +97,6 @@ def planned_runs(name: str) -> int:
                                   + len(ablations["recipes"]) * len(ablations["seeds"]))
 
 
-@needs_all_scripts
 @pytest.mark.parametrize("name", PROFILES)
 def test_dry_run_resolves_every_stage(workflow, name):
     out = snakemake(workflow, "-n", "all", "--configfile", f"config/{name}.yaml")
@@ -116,7 +116,6 @@ def shell_commands(out: str) -> list[str]:
     return re.findall(r"^Shell command: (.+)$", out, re.M)
 
 
-@needs_all_scripts
 @pytest.mark.parametrize("name", PROFILES)
 def test_throughput_runs_call_torchrun_only_for_several_processes(workflow, name):
     out = snakemake(workflow, "-n", "all", "--configfile", f"config/{name}.yaml")
@@ -164,9 +163,8 @@ def test_repeated_throughput_run_names_are_refused(workflow):
     assert "the throughput runs' names repeat" in out.output
 
 
-@needs_all_scripts
 def test_slurm_profile_gives_every_gpu_stage_one_gpu(workflow):
-    pytest.importorskip("snakemake_executor_plugin_slurm")
+    # The plugin is in the workflow extra beside snakemake itself: missing, this fails.
     out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/slurm")
     assert out.returncode == 0, out.output[-3000:]
     text = out.output
@@ -260,7 +258,6 @@ def write_empty_results(path: Path) -> None:
     path.write_bytes(gzip.compress(text, mtime=0) if path.name.endswith(".json.gz") else text)
 
 
-@needs_all_scripts
 def test_pattern_study_results_are_compressed_and_other_stages_plain(workflow):
     paths = results_of(workflow, "gpu")
     compressed = [p for p in paths if p.endswith(".gz")]
@@ -282,7 +279,6 @@ def test_committed_pattern_results_are_all_compressed():
             assert f.read(2) == b"\x1f\x8b", path
 
 
-@needs_all_scripts
 def test_committed_gpu_results_redraw_figures_only(workflow):
     # A fresh clone of committed GPU results: results present, no data/, no checkpoints, no
     # snakemake metadata, and scripts and profiles stamped *after* the results (git's order).
@@ -313,14 +309,12 @@ def test_committed_gpu_results_redraw_figures_only(workflow):
     assert job_counts(rerun.output)["pretrain"] > 0
 
 
-@needs_all_scripts
 def test_committed_mode_names_a_missing_results_file(workflow):
     out = snakemake(workflow, "-n", "figures", "--configfile", "config/gpu.yaml", "--workflow-profile", "profiles/committed")
     assert out.returncode != 0
     assert "results_from: committed, but" in out.output and "results/" in out.output
 
 
-@needs_all_scripts
 def test_committed_mode_draws_one_figure_whose_results_are_there(workflow):
     for path in ("results/microbench/gpu/kernels.json", "results/layer_bench/gpu/layers.json"):
         write_empty_results(workflow / path)
@@ -330,7 +324,6 @@ def test_committed_mode_draws_one_figure_whose_results_are_there(workflow):
     assert job_counts(out.output) == {"figure": 1}
 
 
-@needs_all_scripts
 def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(workflow):
     # A campaign under way: two of the gpu profile's runs have pretraining and lm-eval results.
     runs = ["125m_bf16_s0", "125m_adahop_s0"]
@@ -348,7 +341,6 @@ def test_committed_mode_draws_per_run_figures_from_the_runs_committed_so_far(wor
     assert out.returncode != 0 and "results_from: committed, but" in out.output
 
 
-@needs_all_scripts
 def test_committed_profile_finds_the_committed_gpu_throughput_files(workflow):
     # The committed runs of the gpu profile are under the name the rule writes; figure 7 draws from
     # them while a run not measured yet is named in a warning.
@@ -415,7 +407,6 @@ def script_keys() -> dict[str, set[str]]:
     }
 
 
-@needs_all_scripts
 def test_schema_sections_name_the_keys_each_script_reads():
     schema = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())
     for section, keys in script_keys().items():
