@@ -3,8 +3,8 @@
 Why: the CPU tests run the kernels in Triton's interpreter, which never specializes arguments. A
 GPU launch does: an int argument equal to 1 becomes a constexpr (a Python int, with no ``.to()``),
 ints and pointers divisible by 16 get divisibility hints, the launchers pick their GPU tiles, and
-every autotune config is its own compile. The signs kernel passed every CPU test and failed to
-compile on the H200 (fixed in 1e98586). This check replays what the GPU compiles:
+every autotune config is its own compile, so a kernel can pass every CPU test and still fail to
+compile for the GPU (an int argument used as a tensor, say). This check replays what the GPU compiles:
 
 1. :func:`record`: call the public launchers with CPU tensors, in a process without the
    interpreter, while ``JITFunction.run`` and ``Autotuner.run`` record each launch (kernel,

@@ -107,7 +107,7 @@ def test_dry_run_resolves_every_stage(workflow, name):
     n_runs = planned_runs(name)
     calibrating = yaml.safe_load((ROOT / "config" / "schema.yaml").read_text())["$defs"]["calibrating_recipe"]["enum"]
     n_calibrating = len(runs["models"]) * sum(r in calibrating for r in runs["recipes"]) * len(runs["seeds"])
-    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": N_FIGURES,
+    assert counts == {**{r: 1 for r in STAGE_RULES}, "pretrain": n_runs, "eval": n_runs, "eval_table": 1, "quality_table": 1, "pattern_tables": 1, "figure": N_FIGURES, "report": 1,
                       "throughput": len(profile(name)["throughput"]), "strategies": n_calibrating, "all": 1}
 
 
