@@ -348,20 +348,6 @@ def test_committed_profile_finds_the_committed_gpu_throughput_files(workflow):
     assert job_counts(out.output) == {"figure": 1}
 
 
-def test_campaign_runs_the_throughput_commands_of_the_rule(workflow):
-    # scripts/h200_campaign.sh builds a run's command from config/gpu.yaml itself (the GPU machine
-    # has no snakemake): it must stay the rule's command, before the arguments each adds.
-    script = (ROOT / "scripts" / "h200_campaign.sh").read_text()
-    builder = re.search(r"<<'PY'\n(.*?)\nPY\n", script, re.S)[1]
-    out = snakemake(workflow, "-n", "all", "--configfile", "config/gpu.yaml")
-    rule = {re.search(r"--results results/throughput/gpu/(\S+)\.json", c)[1]: c
-            for c in shell_commands(out.output) if "--throughput-only" in c}
-    for run in profile("gpu")["throughput"]:
-        campaign = subprocess.run([sys.executable, "-", run["name"]], input=builder, cwd=ROOT, capture_output=True,
-                                  text=True, check=True).stdout.strip()
-        assert rule[run["name"]].startswith(re.sub(r"^python3 ", "python ", campaign) + " "), (campaign, rule[run["name"]])
-
-
 # --------------------------------------------------------------------------- schema vs scripts
 
 
