@@ -30,4 +30,4 @@ rule report:
     log:
         log_path("report"),
     shell:
-        script_cmd("{input.script}", "--out {output} --figures " + FIGURE_DIR)
+        script_cmd("{input.script}", f"--out {{output}} --figures {FIGURE_DIR}")
