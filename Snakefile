@@ -17,6 +17,7 @@ include: "rules/throughput.smk"
 include: "rules/patterns.smk"
 include: "rules/eval.smk"
 include: "rules/figures.smk"
+include: "rules/report.smk"
 
 
 rule all:
@@ -24,3 +25,4 @@ rule all:
         ALL_RESULTS,
         TABLES,
         FIGURES,
+        REPORT,

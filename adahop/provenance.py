@@ -4,7 +4,10 @@ Every result is a JSON object ``{"provenance": {...}, "records": [...]}``. The p
 the git commit and dirty flag (of the code: machine-written results and figures do not count),
 library versions, the device, the resolved config, the seed and
 the date. Writes are atomic (temp file + rename), and a rerun never silently replaces a file
-written for a different configuration: that needs ``overwrite=True``.
+written for a different configuration: that needs ``overwrite=True``. A file made at another commit
+or on another day is not lost when it is replaced: it is kept first as
+``history/<name>-<YYYY-MM-DD>.json`` beside it (its own date), so a results file's name says what
+it holds and its predecessors stay beside it.
 
 A path ending in ``.json.gz`` holds the same JSON text gzip-compressed (for stages whose results
 are large); the gzip header's mtime is 0, so rewriting the same document gives the same bytes.
@@ -119,13 +122,14 @@ def gpu_state() -> dict[str, Any] | None:
 
 def git_state() -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the code running: dirty when a tracked file outside
-    :data:`GENERATED_PATHS` differs from the commit. A copy of the tree sent to a GPU machine is told
-    them through the environment (ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY), and that wins over git: such
-    a copy can carry a stale .git (one from before the commits it holds)."""
+    :data:`GENERATED_PATHS` differs from the commit. A copy of the tree without its history (one
+    unpacked from an offline bundle, ``scripts/offline_bundle.py``) is told them through the
+    environment (ADAHOP_GIT_COMMIT, ADAHOP_GIT_DIRTY), and that wins over git: such a copy can carry
+    a stale .git, or none."""
     told = os.environ.get("ADAHOP_GIT_COMMIT")
     if told and not re.fullmatch(r"[0-9a-f]{40}", told):
-        # A short or typed hash cannot be checked where it is used (the device has no history): two
-        # sessions stamped results with hashes no commit has ('efbcdb1f', 'b2d30a4b').
+        # A short or typed hash cannot be checked where the copy runs (it has no history), and a
+        # typo would name a commit that does not exist: only a full hash is accepted.
         raise ValueError(f"ADAHOP_GIT_COMMIT must be a full 40-hex commit (git rev-parse HEAD), got {told!r}")
     commit = told or _git("rev-parse", "HEAD")
     dirty = _env_flag("ADAHOP_GIT_DIRTY")
@@ -157,7 +161,8 @@ def provenance(
             "lm_eval": _version("lm_eval"),
         },
         "device": device_description(device),
-        # ADAHOP_RUNS_PER_GPU: set by scripts/h200_queue.sh where runs share a GPU (their rates are not one GPU's)
+        # ADAHOP_RUNS_PER_GPU: set it where several runs share one GPU, so that their rates are not
+        # read as one GPU's (adahop.quality leaves such runs out of the timing table).
         "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU")
                         if k in os.environ},
         "config": config or {},
@@ -234,6 +239,59 @@ def check_replaceable(path: str | os.PathLike, config: dict[str, Any] | None) ->
         raise ResultsConflict(f"{path} holds results of a different configuration; move it away or pass overwrite")
 
 
+HISTORY_DIR = "history"
+_DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
+
+
+def history_path(path: str | os.PathLike, date: str) -> Path:
+    """Where the predecessor of results file ``path``, made on ``date`` (ISO, ``YYYY-MM-DD...``),
+    is kept: ``<folder>/history/<name>-<YYYY-MM-DD><suffix>``, with ``-2``, ``-3``... after the
+    date when that day already has one."""
+    path = Path(path)
+    day = str(date)[:10]
+    if not _DAY.fullmatch(day):
+        raise ValueError(f"date must start with YYYY-MM-DD, got {date!r}")
+    suffix = ".json.gz" if is_compressed(path) else path.suffix
+    stem = path.name[: len(path.name) - len(suffix)]
+    folder = path.parent / HISTORY_DIR
+    candidate, n = folder / f"{stem}-{day}{suffix}", 2
+    while candidate.exists():
+        candidate, n = folder / f"{stem}-{day}-{n}{suffix}", n + 1
+    return candidate
+
+
+def _made(path: Path) -> tuple[str | None, str]:
+    """``(commit, date)`` of an existing file from its provenance; a file without one (not a
+    results file, or no date) is dated by its modification time."""
+    prov: dict[str, Any] = {}
+    try:
+        doc = _load(path)
+        prov = doc.get("provenance") or {} if isinstance(doc, dict) else {}
+    except (ValueError, gzip.BadGzipFile, EOFError, zlib.error):
+        pass
+    date = prov.get("date") if isinstance(prov, dict) else None
+    if not date:
+        date = _dt.datetime.fromtimestamp(path.stat().st_mtime, _dt.timezone.utc).isoformat(timespec="seconds")
+    return (prov.get("git_commit") if isinstance(prov, dict) else None), str(date)
+
+
+def keep_predecessor(path: str | os.PathLike, commit: str | None, date: str | None) -> Path | None:
+    """Copy the results file at ``path`` to :func:`history_path` unless it was made at ``commit``
+    on the day of ``date`` (a rerun of the same code the same day replaces it in place); return the
+    copy's path, or None when nothing was kept. The copy comes before the new file replaces the
+    old one, so a failure between the two loses nothing."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    old_commit, old_date = _made(path)
+    if old_commit == commit and (not date or old_date[:10] == str(date)[:10]):
+        return None
+    kept = history_path(path, old_date)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(path, kept)
+    return kept
+
+
 def write_results(
     path: str | os.PathLike,
     records: Iterable[dict[str, Any]],
@@ -247,7 +305,9 @@ def write_results(
 
     ``path`` ending in ``.json.gz``: the JSON text gzip-compressed (mtime 0); else plain JSON.
     An existing file written with a different ``config`` raises :class:`ResultsConflict` unless
-    ``overwrite``; one with the same config is replaced (a rerun of the same experiment).
+    ``overwrite``; one with the same config is replaced (a rerun of the same experiment). A file
+    replaced that was made at another commit or on another day is first kept in ``history/``
+    beside it (:func:`keep_predecessor`).
     """
     path = Path(path)
     config = json.loads(json.dumps(config or {}, default=str))
@@ -258,6 +318,7 @@ def write_results(
         prov.update(extra_provenance)
     doc = {"provenance": prov, "records": list(records)}
     text = (json.dumps(doc, indent=1, default=str) + "\n").encode()
+    keep_predecessor(path, prov.get("git_commit"), prov.get("date"))
     atomic_write_bytes(path, gzip.compress(text, mtime=0) if is_compressed(path) else text)
     return doc
 

@@ -180,7 +180,7 @@ def quality_rows(pretrain: Iterable[Mapping[str, Any]], evals: Iterable[Mapping[
 
 def with_gpu_sharing(record: Mapping[str, Any], provenance: Mapping[str, Any]) -> dict[str, Any]:
     """A pretraining record with ``runs_per_gpu`` from its file's provenance: runs that shared their
-    GPU with others (``scripts/h200_queue.sh`` RUNS_PER_GPU, ``backend_env`` ADAHOP_RUNS_PER_GPU)
+    GPU with others (``ADAHOP_RUNS_PER_GPU`` in their provenance's ``backend_env``)
     have step times that are not one GPU's."""
     shared = (provenance.get("backend_env") or {}).get("ADAHOP_RUNS_PER_GPU")
     return {**record, "runs_per_gpu": int(shared or 1)}

@@ -14,15 +14,15 @@ state before and after (the device the kernels compiled for is the provenance's 
 
 ``--skip-passed FILE...``: leave out the tests that passed in earlier results files of this kind of
 device (same device type and name; a pass elsewhere says nothing here), so that a suite too slow for
-one device call is covered over several: each call's file holds the tests it ran, the earlier files
+one job's time limit is covered over several: each job's file holds the tests it ran, the earlier files
 the rest (its provenance ``config.skip_passed`` names them). A pass is taken at the commit it was
 made at (each file's provenance names it): after a kernel changes, run its tests again without
 ``--skip-passed``.
 
 ``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
 finished: the file keeps them (not the one it stopped in, nor those after), its provenance says
-``pytest_interrupted_after_s`` and pytest's exit code is 2. The campaign's tests stage gives it its time
-limit less a margin, at most TESTS_BUDGET_S, so a slow suite still leaves a record of what ran.
+``pytest_interrupted_after_s`` and pytest's exit code is 2. Give it a job's time limit less a margin,
+so a slow suite still leaves a record of what ran.
 
 Exit status: pytest's (a failing test fails the stage) once the file is written; 1 without any
 test report (pytest could not start, or was killed: nothing is written then).

@@ -44,8 +44,8 @@ def main(argv: list[str] | None = None) -> None:
     runs = [{**with_gpu_sharing(r, d["provenance"]), "compiled": bool((d["provenance"].get("config") or {}).get("compile"))}
             for d in docs for r in d["records"]]
     if not any(r.get("train_s") is not None for r in runs):
-        raise ValueError(f"no record of {[d['path'] for d in docs]} has train_s (made before the records "
-                         "carried it? scripts/backfill_step_times.py adds it from the run's metrics log)")
+        raise ValueError(f"no record of {[d['path'] for d in docs]} has train_s (the per-step timings "
+                         "adahop.train.step_times gives): are these pretraining results?")
     models = list(dict.fromkeys(r["model"] for r in runs))
     colours = dict(zip((key for _, key, _ in SEGMENTS), (sns.color_palette("colorblind")[i] for *_, i in SEGMENTS)))
 

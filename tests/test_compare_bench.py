@@ -57,6 +57,6 @@ def test_bad_inputs_are_named(tmp_path):
 def test_cli_on_the_committed_h200_layer_runs(tmp_path):
     gpu = REPO / "results" / "layer_bench" / "gpu"
     out = tmp_path / "c.md"
-    assert compare_bench.main([str(gpu / "layers-d2c1004.json"), str(gpu / "layers.json"), "--out", str(out)]) == 0
+    assert compare_bench.main([str(gpu / "history" / "layers-2026-11-30-2.json"), str(gpu / "layers.json"), "--out", str(out)]) == 0
     text = out.read_text()
     assert "old ÷ torchao-float8-rowwise" in text and "`test_layer_fwd_bwd[iht-llama3-8b-down]`" in text

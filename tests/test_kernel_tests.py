@@ -107,7 +107,7 @@ def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
             pass
     """))
     out = tmp_path / "tests.json"
-    # as the device queue starts it: a background job of a non-interactive shell, SIGINT ignored
+    # as a batch job starts it: a background job of a non-interactive shell, SIGINT ignored
     done = subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"), str(tests),
                            "--budget-s", "10", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=100, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))

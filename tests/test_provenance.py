@@ -186,3 +186,65 @@ def test_gpu_state_is_none_without_nvidia_smi_or_with_a_failing_one(tmp_path, mo
     smi.write_text("#!/bin/sh\nexit 9\n")
     smi.chmod(0o755)
     assert provenance_module.gpu_state() is None
+
+
+# --------------------------------------------------------------------------- history/ of replaced files
+
+
+def stamped(monkeypatch, commit: str, date: str) -> None:
+    """Provenance as if written at ``commit`` on ``date``."""
+    monkeypatch.setattr(provenance_module, "provenance",
+                        lambda config, seed, device: {"git_commit": commit, "date": date, "config": config})
+
+
+@suffixes
+def test_a_file_from_another_commit_is_kept_in_history_by_its_date(tmp_path, monkeypatch, suffix):
+    path = tmp_path / f"layers{suffix}"
+    stamped(monkeypatch, "a" * 40, "2026-11-30T10:00:00+00:00")
+    write_results(path, [{"v": 1}], config={"a": 1})
+    old = path.read_bytes()
+    stamped(monkeypatch, "b" * 40, "2026-11-30T12:00:00+00:00")
+    write_results(path, [{"v": 2}], config={"a": 1})
+    assert read_results(path)["records"] == [{"v": 2}]
+    kept = tmp_path / "history" / f"layers-2026-11-30{suffix}"
+    assert kept.read_bytes() == old
+    assert read_results(kept)["provenance"]["git_commit"] == "a" * 40
+
+
+def test_a_file_from_another_day_is_kept_and_a_second_one_that_day_gets_a_number(tmp_path, monkeypatch):
+    path = tmp_path / "kernels.json"
+    for i, (commit, date) in enumerate([("c" * 40, "2026-11-29T09:00:00+00:00"), ("d" * 40, "2026-11-29T20:00:00+00:00"),
+                                        ("d" * 40, "2026-11-30T08:00:00+00:00")]):
+        stamped(monkeypatch, commit, date)
+        write_results(path, [{"v": i}], config={}, overwrite=True)
+    history = sorted(p.name for p in (tmp_path / "history").iterdir())
+    assert history == ["kernels-2026-11-29-2.json", "kernels-2026-11-29.json"]
+    assert read_results(tmp_path / "history" / "kernels-2026-11-29.json")["records"] == [{"v": 0}]
+    assert read_results(tmp_path / "history" / "kernels-2026-11-29-2.json")["records"] == [{"v": 1}]
+    assert read_results(path)["records"] == [{"v": 2}]
+
+
+def test_a_rerun_at_the_same_commit_on_the_same_day_keeps_no_history(tmp_path, monkeypatch):
+    path = tmp_path / "memory.json"
+    stamped(monkeypatch, "d" * 40, "2026-12-01T01:00:00+00:00")
+    write_results(path, [{"v": 1}], config={})
+    stamped(monkeypatch, "d" * 40, "2026-12-01T05:00:00+00:00")
+    write_results(path, [{"v": 2}], config={})
+    assert read_results(path)["records"] == [{"v": 2}]
+    assert not (tmp_path / "history").exists()
+
+
+def test_a_refused_write_keeps_no_history(tmp_path, monkeypatch):
+    path = tmp_path / "r.json"
+    stamped(monkeypatch, "a" * 40, "2026-11-30T10:00:00+00:00")
+    write_results(path, [{"v": 1}], config={"a": 1})
+    stamped(monkeypatch, "b" * 40, "2026-12-01T10:00:00+00:00")
+    with pytest.raises(ResultsConflict):
+        write_results(path, [{"v": 2}], config={"a": 2})
+    assert not (tmp_path / "history").exists()
+
+
+@pytest.mark.parametrize("date", ["yesterday", "30-11-2026", ""])
+def test_history_path_needs_an_iso_date(tmp_path, date):
+    with pytest.raises(ValueError, match="date must start with YYYY-MM-DD"):
+        provenance_module.history_path(tmp_path / "r.json", date)

@@ -1,0 +1,33 @@
+# The results report: every table of it read from the profile's results files, every figure
+# embedded (experiments/report.py). The gpu profile's report is the committed docs/RESULTS.md;
+# another profile's goes beside it as docs/RESULTS-<profile>.md (git-ignored), so a smoke run
+# never overwrites the committed one.
+#
+# Redraw it from the committed GPU results on any machine:
+#   .venv/bin/snakemake report --configfile config/gpu.yaml --workflow-profile profiles/committed
+
+import glob
+
+REPORT = "docs/RESULTS.md" if PROFILE == "gpu" else f"docs/RESULTS-{PROFILE}.md"
+# Files of the profile beside the ones a rule writes (the GPU kernel tests, a measurement kept
+# under its own name) are read too: the report reads every file directly under
+# results/<stage>/<profile>/, and a predecessor kept in history/ is not one of them.
+REPORT_EXTRA = sorted(p for pattern in ("*.json", "*.json.gz") for p in glob.glob(f"results/*/{PROFILE}/{pattern}"))
+
+
+rule report:
+    input:
+        script="experiments/report.py",
+        reference="adahop/paper_reference.yaml",
+        results=results_inputs(sorted(
+            {path for paths in FIGURE_INPUTS.values() for path in paths}
+            | {rules.corpus.output.results, rules.quality_table.output.json, rules.pattern_tables.output.json}
+            | set(REPORT_EXTRA)
+        )),
+        figures=[f for f in FIGURES if f.endswith(".png")],
+    output:
+        REPORT,
+    log:
+        log_path("report"),
+    shell:
+        script_cmd("{input.script}", f"--out {{output}} --figures {FIGURE_DIR}")

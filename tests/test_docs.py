@@ -1,0 +1,180 @@
+"""The documentation holds together: DESIGN references resolve, README's paths exist, and no
+comment or docstring cites a commit of this repository (history lives in git and in results
+files' provenance, not in the code's comments)."""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import subprocess
+import tokenize
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DESIGN = ROOT / "docs" / "DESIGN.md"
+README = ROOT / "README.md"
+# "DESIGN §1", "DESIGN.md §3", "DESIGN §1, §3": the sections a reference names.
+REFERENCE = re.compile(r"DESIGN(?:\.md)?\s+(§\s*\d+(?:\s*(?:,|and)\s*§\s*\d+)*)")
+HEX = re.compile(r"(?<![0-9A-Za-z_])[0-9a-f]{7,40}(?![0-9A-Za-z_])")
+COMMENTED = (".py", ".smk", ".yaml", ".yml", ".sh")
+
+
+def tracked(*suffixes: str, names: tuple[str, ...] = ()) -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    return [ROOT / f for f in out.split() if f.endswith(suffixes) or Path(f).name in names]
+
+
+def design_sections() -> set[int]:
+    return {int(m[1]) for m in re.finditer(r"^## §(\d+) ", DESIGN.read_text(), re.M)}
+
+
+def design_references() -> list[tuple[str, int, int]]:
+    """(file:line, section) of every DESIGN reference in a tracked text file."""
+    refs = []
+    for path in tracked(".py", ".smk", ".yaml", ".md", ".sh", ".toml", names=("Snakefile",)):
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            for m in REFERENCE.finditer(line):
+                for section in re.findall(r"§\s*(\d+)", m[1]):
+                    refs.append((f"{path.relative_to(ROOT)}:{n}", int(section), m[0]))
+    return refs
+
+
+def test_design_has_numbered_sections():
+    assert design_sections() >= {1, 2, 3, 4}
+
+
+def test_every_design_reference_names_a_section_that_exists():
+    refs = design_references()
+    assert refs, "no DESIGN reference found: is the pattern right?"
+    sections = design_sections()
+    broken = [f"{where}: {text!r} (DESIGN.md has §{sorted(sections)})" for where, section, text in refs
+              if section not in sections]
+    assert not broken, "references to sections docs/DESIGN.md does not have:\n" + "\n".join(broken)
+
+
+def test_the_reference_pattern_reads_lists_of_sections():
+    found = [re.findall(r"§\s*(\d+)", m[1]) for m in REFERENCE.finditer("(DESIGN §1, §3) and DESIGN.md §7")]
+    assert found == [["1", "3"], ["7"]]
+
+
+# --------------------------------------------------------------------------- commit hashes in comments
+
+
+def python_comments(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of a Python source."""
+    out = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                out.append((tok.start[0], tok.string))
+        tree = ast.parse(text)
+    except (SyntaxError, tokenize.TokenError):
+        return out
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
+                    and isinstance(body[0].value.value, str):
+                for i, line in enumerate(body[0].value.value.splitlines()):
+                    out.append((body[0].lineno + i, line))
+    return out
+
+
+def hash_comments(text: str) -> list[tuple[int, str]]:
+    """(line, text) of every ``#`` comment of a shell, YAML or Snakemake file, and of the
+    triple-quoted blocks (docstrings) of a Snakemake file."""
+    out, in_doc = [], False
+    for n, line in enumerate(text.splitlines(), 1):
+        if in_doc or line.lstrip().startswith(('"""', "'''")):
+            out.append((n, line))
+            quotes = line.count('"""') + line.count("'''")
+            in_doc = in_doc != (quotes % 2 == 1)
+            continue
+        m = re.search(r"(?:^|\s)#.*$", line)
+        if m:
+            out.append((n, m[0]))
+    return out
+
+
+def comments(path: Path) -> list[tuple[int, str]]:
+    text = path.read_text(errors="replace")
+    return python_comments(text) if path.suffix == ".py" else hash_comments(text)
+
+
+def commits_of_this_repo(candidates: set[str]) -> set[str]:
+    """Those of ``candidates`` that name a commit in this repository's history."""
+    if not candidates:
+        return set()
+    ordered = sorted(candidates)
+    out = subprocess.run(["git", "cat-file", "--batch-check"], cwd=ROOT, capture_output=True, text=True, check=True,
+                         input="".join(f"{c}^{{commit}}\n" for c in ordered)).stdout.splitlines()
+    return {c for c, line in zip(ordered, out) if not line.endswith("missing") and " commit " in line}
+
+
+def commented_hashes(paths: list[Path]) -> list[str]:
+    """``file:line: hash`` for every commit of this repository named in a comment or docstring."""
+    found = [(path, n, h) for path in paths for n, text in comments(path) for h in HEX.findall(text)]
+    commits = commits_of_this_repo({h for _, _, h in found})
+    return sorted(f"{shown(p)}:{n}: {h}" for p, n, h in found if h in commits)
+
+
+def shown(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+
+
+@pytest.fixture(scope="module")
+def history():
+    shallow = subprocess.run(["git", "rev-parse", "--is-shallow-repository"], cwd=ROOT, capture_output=True, text=True)
+    if shallow.returncode != 0:
+        pytest.skip("not a git checkout")
+    if shallow.stdout.strip() == "true":
+        pytest.skip("a shallow clone lacks the history the commits are looked up in")
+
+
+def test_no_comment_or_docstring_cites_a_commit(history):
+    hits = commented_hashes(tracked(*COMMENTED, names=("Snakefile",)))
+    assert not hits, ("comments and docstrings say why, in the present tense; history lives in git and in results "
+                      "files' provenance. Commits cited:\n" + "\n".join(hits))
+
+
+def test_the_commit_check_finds_a_commit_in_a_comment_and_not_elsewhere(history, tmp_path):
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True).stdout[:9]
+    src = tmp_path / "m.py"
+    src.write_text(f'"""Module doc, measured at {head}."""\n\nX = "{head}"  # not a comment hash: deadbeef1\n'
+                   f"# fixed at {head}\n")
+    (tmp_path / "c.yaml").write_text(f"key: {head}   # measured at {head}\n")
+    found = commented_hashes([src, tmp_path / "c.yaml"])
+    assert found == [f"c.yaml:1: {head}", f"m.py:1: {head}", f"m.py:4: {head}"]
+
+
+# --------------------------------------------------------------------------- README
+
+
+def test_readme_is_short():
+    n = len(README.read_text().splitlines())
+    assert n <= 300, f"README.md has {n} lines; keep it to what a user needs first (details: docs/)"
+
+
+def test_readme_paths_and_images_exist():
+    text = README.read_text()
+    links = re.findall(r"\]\(([^)#\s]+)[^)]*\)", text)
+    paths = re.findall(r"`((?:scripts|experiments|config|profiles|rules|docs|paper_figs|adahop|kernels|tests)/[\w./-]+)`", text)
+    missing = sorted({p for p in [*links, *paths] if not p.startswith("http") and "<" not in p
+                      and not (ROOT / p).exists()})
+    assert not missing, f"README.md names paths that do not exist: {missing}"
+    assert "docs/RESULTS.md" in links and "docs/DESIGN.md" in links
+
+
+def test_docs_name_no_path_that_does_not_exist():
+    missing = []
+    for doc in (ROOT / "docs").glob("*.md"):
+        for p in re.findall(r"`((?:scripts|experiments|rules|profiles|kernels)/[\w./-]+)`", doc.read_text()):
+            if not (ROOT / p).exists():
+                missing.append(f"{doc.name}: {p}")
+    assert not missing, missing

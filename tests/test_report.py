@@ -1,0 +1,120 @@
+"""experiments/report.py: docs/RESULTS.md and README's headline block, from the results files alone."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("report", ROOT / "experiments" / "report.py")
+report = importlib.util.module_from_spec(_spec)
+sys.modules["report"] = report
+_spec.loader.exec_module(report)
+
+COMMITTED = report.profile_files("gpu")
+needs_committed = pytest.mark.skipif(not COMMITTED, reason="no committed gpu results in this checkout")
+
+
+def gpu_report(files=None, root: Path = ROOT, figures: Path | None = None) -> str:
+    res = report.Results(files if files is not None else COMMITTED, root=root)
+    return report.report(res, "gpu", figures or root / "paper_figs" / "out" / "gpu", root / "docs" / "RESULTS.md")
+
+
+@needs_committed
+def test_committed_results_md_is_what_the_committed_results_give():
+    # Regenerate with: .venv/bin/python experiments/report.py --config config/gpu.yaml --out docs/RESULTS.md --readme README.md
+    assert (ROOT / "docs" / "RESULTS.md").read_text() == gpu_report(), \
+        "docs/RESULTS.md is stale: regenerate it from results/ (see the comment above)"
+
+
+@needs_committed
+def test_readme_headline_is_what_the_committed_results_give():
+    text = (ROOT / "README.md").read_text()
+    block = report.readme_block(report.Results(COMMITTED))
+    assert block in text, "README.md's headline block is stale: rerun experiments/report.py with --readme README.md"
+
+
+@needs_committed
+def test_every_table_names_its_source_and_commit():
+    text = gpu_report()
+    tables = [chunk for chunk in text.split("\n\n") if chunk.startswith("| ") and "|---|" in chunk]
+    after = text.split("\n\n")
+    assert tables
+    for i, chunk in enumerate(after):
+        if chunk.startswith("| ") and "|---|" in chunk and "the paper (" not in chunk:
+            following = "\n".join(after[i + 1:i + 4])
+            assert "Source: `results/" in following and "(commit " in following, chunk.splitlines()[0]
+
+
+@needs_committed
+def test_figures_are_embedded_from_paper_figs(tmp_path):
+    text = gpu_report()
+    for name in report.FIGURES:
+        assert f"](../paper_figs/out/gpu/{name}.png)" in text
+    # a figure not drawn is said so, not linked
+    assert "not drawn for this profile" in gpu_report(figures=tmp_path)
+
+
+def copy_results(tmp_path: Path) -> Path:
+    for path in COMMITTED:
+        dst = tmp_path / path.relative_to(ROOT)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, dst)
+    return tmp_path
+
+
+@needs_committed
+def test_the_headline_numbers_are_read_from_the_files(tmp_path):
+    root = copy_results(tmp_path)
+    quality = root / "results" / "quality" / "gpu" / "quality.json"
+    doc = json.loads(quality.read_text())
+    for rec in doc["records"]:
+        if rec["recipe"] == "adahop":
+            rec["paired"]["bf16"]["final_val_loss"]["mean"] = 0.123456
+    quality.write_text(json.dumps(doc))
+    throughput = root / "results" / "throughput" / "gpu" / "125m_eager.json"
+    doc = json.loads(throughput.read_text())
+    for rec in doc["records"]:
+        rec["tokens_per_s"] = 1000.0 if rec["recipe"] == "bf16" else 4321.0
+    throughput.write_text(json.dumps(doc))
+    res = report.Results(report.profile_files("gpu", root), root=root)
+    block = report.readme_block(res)
+    assert "AdaHOP +0.123" in block and "125m_eager 4.32×" in block
+    assert "AdaHOP +0.123" not in report.readme_block(report.Results(COMMITTED))
+
+
+def test_history_files_are_not_read(tmp_path):
+    from adahop.provenance import write_results
+
+    write_results(tmp_path / "results" / "memory" / "gpu" / "memory.json", [{"what": "layer"}])
+    write_results(tmp_path / "results" / "memory" / "gpu" / "history" / "memory-2026-01-01.json", [{"what": "layer"}])
+    assert report.profile_files("gpu", tmp_path) == [tmp_path / "results" / "memory" / "gpu" / "memory.json"]
+
+
+def test_a_profile_without_results_gives_a_report_that_says_so(tmp_path):
+    text = report.report(report.Results([], root=tmp_path), "empty", tmp_path, tmp_path / "docs" / "RESULTS.md")
+    assert "No quality table in this profile's results." in text and "No memory results in this profile." in text
+    assert "| what |" in text  # the headline's header, with no rows
+
+
+def test_readme_without_a_headline_block_is_refused():
+    with pytest.raises(ValueError, match="README has no headline block"):
+        report.replace_readme_block("# a README\n", "block")
+
+
+def test_readme_block_is_replaced_and_the_rest_kept():
+    text = f"intro\n{report.HEADLINE_BEGIN}\nold\n{report.HEADLINE_END}\nrest\n"
+    new = report.replace_readme_block(text, f"{report.HEADLINE_BEGIN}\nnew\n{report.HEADLINE_END}")
+    assert new == f"intro\n{report.HEADLINE_BEGIN}\nnew\n{report.HEADLINE_END}\nrest\n"
+
+
+def test_config_without_a_profile_is_refused(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("figures: {dpi: 100}\n")
+    with pytest.raises(ValueError, match="sets no `profile`"):
+        report.main(["--config", str(config), "--out", str(tmp_path / "R.md")])
