@@ -136,7 +136,6 @@ def test_throughput_runs_call_torchrun_only_for_several_processes(workflow, name
             assert f"{arg} " in command, (arg, command)
 
 
-@needs_all_scripts
 def test_multi_gpu_throughput_runs_have_their_own_target_and_keep_nvlink_multicast_off(workflow):
     runs = profile("gpu")["throughput_multi_gpu"]
     out = snakemake(workflow, "-n", "throughput_multi_gpu", "--configfile", "config/gpu.yaml")
