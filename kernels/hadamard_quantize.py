@@ -354,7 +354,7 @@ def _configs_that_fit(configs: list[triton.Config], nargs: dict, **kw) -> list[t
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
     for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
-                      (128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
+                      (128, 128, 8), (128, 128, 16))
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
