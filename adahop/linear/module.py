@@ -317,6 +317,7 @@ class QuantLinear(nn.Linear):
         self.strategies = decide(self.recipe.policy, self.calibration, self.recipe.table,
                                  f"layer {self.layer_id}", self.recipe.measured_margin)
         self.phase = "fixed"
+        self._plans.clear()  # plans hold the strategies
         self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies)})
 
     def checked_map(self, strategies: Mapping[str, Strategy | str]) -> dict[str, Strategy]:
@@ -336,6 +337,7 @@ class QuantLinear(nn.Linear):
         recipe); a recalibrating recipe still recalibrates on its schedule."""
         self.strategies = self.checked_map(strategies)
         self.phase, self.recalibration = "fixed", None
+        self._plans.clear()
         self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies), "from": "map"})
 
     # -- state
