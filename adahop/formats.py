@@ -330,6 +330,7 @@ def fp8_group_scale(scale: torch.Tensor, layout: str, shape: tuple[int, int]) ->
     :func:`to_fp8_ref` broadcast over its groups, so that ``fp8.float() * fp8_group_scale(...)`` is the
     dequantized operand."""
     m, k = shape
+    check_fp8_layout(layout, m, k, "shape")
     if layout == "row":
         return scale.expand(m, k)
     if layout == "seg128":

@@ -100,6 +100,9 @@ class QuantLinear(nn.Linear):
         dtype: torch.dtype | None = None,
         **overrides: Any,
     ) -> None:
+        for name, value in (("in_features", in_features), ("out_features", out_features), ("layer_id", layer_id)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         recipe = get_recipe(recipe, **overrides)
         if not recipe.swaps_linear:
             raise ValueError(f"recipe {recipe.name!r} runs every GEMM in BF16: use nn.Linear")
