@@ -14,11 +14,10 @@ Model-level API::
     adahop.fix_strategies(model, {name: {"fwd": ..., "dgrad": ..., "wgrad": ...}})  # reuse a map
 """
 
-from adahop.linear import AdaHOPLinear, QuantLinear, convert, export_strategies, fix_strategies, on_optimizer_step
+from adahop.linear import QuantLinear, convert, export_strategies, fix_strategies, on_optimizer_step
 from adahop.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
-    "AdaHOPLinear",
     "QuantLinear",
     "RECIPES",
     "Recipe",

@@ -11,6 +11,58 @@ import torch
 from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, MXFP4Tensor
 
 MM_OUT_DTYPES = (torch.bfloat16, torch.float32, torch.float16)
+# Output dtypes of dequantization on both backends (float64 on the kernel's path: its fp32, widened).
+DEQUANTIZE_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+# Stochastic-rounding seeds of the quantizers: the Triton kernel's range (kernels/hadamard_quantize.py).
+SR_SEED_LIMIT = 1 << 62
+# Hadamard sizes of the quantizers: what the Triton kernel's MMA transform takes (tl.dot needs >= 16,
+# 128 keeps H within one tile); the reference takes the same, so both answer alike.
+HADAMARD_SIZES = (16, 32, 64, 128)
+ROUNDINGS = ("rne", "sr")
+NAN_POLICIES = ("propagate", "raise")
+# Dtypes a sign vector may have: every floating type both backends read (the kernel compares < 0).
+SIGNS_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def check_int(value, name: str, low: int = 0, high: int | None = None) -> None:
+    """Raise a TypeError unless ``value`` is an int (bool is not), a ValueError unless ``low <= value``
+    (and ``value < high`` when given)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    if value < low or (high is not None and value >= high):
+        bound = f"[{low}, {_power_of_two(high)})" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be an int {bound}, got {value}")
+
+
+def _power_of_two(n: int) -> str:
+    return f"2**{n.bit_length() - 1}" if n > 1024 and n & (n - 1) == 0 else str(n)
+
+
+def check_signs(signs: torch.Tensor | None, n: int, device: torch.device, name: str = "signs",
+                transformed: bool = True) -> None:
+    """The contract of a sign vector, one for every backend: ``None``, or a floating tensor ``(n,)``
+    of exact ±1 on ``device`` (the input's), given only with a transform (``transformed``: signs
+    flip the input of the Hadamard transform; without one the kernel would still flip them).
+
+    The documented operation is ``x * signs``; both backends flip where ``signs < 0`` (the kernel
+    by the sign bit), which is that product only for ±1, so other values are refused. Reading the
+    values costs a device sync, so on CUDA they are not read: there both backends still flip alike,
+    and :func:`adahop.hadamard.random_signs` draws ±1 by construction.
+    """
+    if signs is None:
+        return
+    if not isinstance(signs, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(signs).__name__}")
+    if not transformed:
+        raise ValueError(f"{name} flip the input of the Hadamard transform: pass none without it")
+    if signs.dtype not in SIGNS_DTYPES:
+        raise ValueError(f"{name} must be a floating ±1 vector (float32, bfloat16, float16 or float64), got {signs.dtype}")
+    if tuple(signs.shape) != (n,):
+        raise ValueError(f"{name} must have shape ({n},) to match the transformed dimension, got {tuple(signs.shape)}")
+    if signs.device != torch.device(device):
+        raise ValueError(f"{name} are on {signs.device} but the input is on {device}")
+    if signs.device.type not in ("cuda", "meta") and not (signs.abs() == 1).all():
+        raise ValueError(f"{name} must hold only +1 and -1")
 
 
 def check_2d(x: torch.Tensor, name: str) -> None:
@@ -70,13 +122,59 @@ def check_mxfp4_operand(t: MXFP4Tensor, name: str) -> None:
             raise ValueError(f"{name}.fp8_scale must be float32 of shape {(rows, 1)} on {t.device} next to fp8")
 
 
-def check_mxfp4_operands(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype) -> None:
-    """Checks of ``A · Bᵀ``: both operands, equal K, one device, a supported output dtype."""
+def check_mxfp4_operands(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype,
+                         out_dtypes: tuple[torch.dtype, ...] = MM_OUT_DTYPES) -> None:
+    """Checks of ``A · Bᵀ``: both operands, equal K, one device, an output dtype of ``out_dtypes``."""
     check_mxfp4_operand(a, "a")
     check_mxfp4_operand(b, "b")
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"inner dimensions differ: a is {tuple(a.shape)}, b is {tuple(b.shape)} (A·Bᵀ needs equal K)")
     if a.device != b.device:
         raise ValueError(f"a is on {a.device} but b is on {b.device}")
-    if out_dtype not in MM_OUT_DTYPES:
-        raise ValueError(f"out_dtype must be one of {MM_OUT_DTYPES}, got {out_dtype}")
+    if out_dtype not in out_dtypes:
+        raise ValueError(f"out_dtype must be one of {out_dtypes}, got {out_dtype}")
+
+
+def check_mxfp4_tensor(t: MXFP4Tensor, name: str = "t") -> int:
+    """Raise a TypeError/ValueError naming what is wrong with an MXFP4 tensor ``(..., K)``; return K.
+
+    codes uint8 ``(..., K/2)`` and scales uint8 ``(..., K/32)`` on one device, both contiguous:
+    what the dequantization kernel reads, and so what both backends take.
+    """
+    if not isinstance(t, MXFP4Tensor):
+        raise TypeError(f"{name} must be an MXFP4Tensor, got {type(t).__name__}")
+    codes, scales = t.codes, t.scales
+    for part, v in (("codes", codes), ("scales", scales)):
+        if not isinstance(v, torch.Tensor):
+            raise TypeError(f"{name}.{part} must be a torch.Tensor, got {type(v).__name__}")
+        if v.dtype != torch.uint8:
+            raise ValueError(f"{name}.{part} must be uint8, got {v.dtype}")
+    if codes.dim() < 1 or codes.shape[:-1] != scales.shape[:-1] or codes.shape[-1] * 2 != scales.shape[-1] * BLOCK_SIZE:
+        raise ValueError(f"{name}: codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one "
+                         f"MXFP4 tensor (codes (..., K/2), scales (..., K/{BLOCK_SIZE}))")
+    if scales.device != codes.device:
+        raise ValueError(f"{name}: codes are on {codes.device} but scales on {scales.device}")
+    if not (codes.is_contiguous() and scales.is_contiguous()):
+        raise ValueError(f"{name}: codes and scales must be contiguous")
+    return codes.shape[-1] * 2
+
+
+def check_quantize_options(flags: dict[str, object], transformed: bool, hadamard_size: int, rounding: str,
+                           seed: int | None, nan_policy: str) -> None:
+    """The options of :func:`adahop.ops.hadamard_quantize` (and ``_dual``), checked in one order for
+    both backends: ``flags`` (name -> value) bools; ``hadamard_size`` one of :data:`HADAMARD_SIZES`
+    when ``transformed``; ``rounding`` and ``nan_policy`` known names; ``seed`` None or an int in
+    [0, 2**62)."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    if isinstance(hadamard_size, bool) or not isinstance(hadamard_size, int):
+        raise TypeError(f"hadamard_size must be an int, got {type(hadamard_size).__name__} {hadamard_size!r}")
+    if transformed and hadamard_size not in HADAMARD_SIZES:
+        raise ValueError(f"hadamard_size must be one of {HADAMARD_SIZES}, got {hadamard_size}")
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"rounding must be 'rne' or 'sr', got {rounding!r}")
+    if nan_policy not in NAN_POLICIES:
+        raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
+    if seed is not None and not isinstance(seed, torch.Tensor):  # a device seed is checked where it is read
+        check_int(seed, "seed", 0, SR_SEED_LIMIT)

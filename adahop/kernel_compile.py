@@ -3,8 +3,9 @@
 Why: the CPU tests run the kernels in Triton's interpreter, which never specializes arguments. A
 GPU launch does: an int argument equal to 1 becomes a constexpr (a Python int, with no ``.to()``),
 ints and pointers divisible by 16 get divisibility hints, the launchers pick their GPU tiles, and
-every autotune config is its own compile, so a kernel can pass every CPU test and still fail to
-compile for the GPU (an int argument used as a tensor, say). This check replays what the GPU compiles:
+every autotune config is its own compile. A kernel can pass every CPU test and fail to compile on
+the GPU (an int argument used as a tensor compiles until a launch passes 1). This check replays
+what the GPU compiles:
 
 1. :func:`record`: call the public launchers with CPU tensors, in a process without the
    interpreter, while ``JITFunction.run`` and ``Autotuner.run`` record each launch (kernel,
@@ -328,18 +329,16 @@ def _mxfp4(rows: int, k: int):
 
 
 _SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
-SEED_I32 = 12345  # the training layer's SR seeds are < 2**31 (adahop.linear.derive_seed): an i32 argument
-SEED_I64 = 2**40  # seed=None draws from [0, 2**62): an i64 argument
+SEED = 12345  # SR seeds reach the kernel as an int64 device tensor, whatever their value
 
 
 def _quantize_case(dtype=torch.bfloat16, transpose: bool | None = False, hadamard=True, hadamard_t=True, hs=32,
-                   signs=False, signs_t=False, rounding="rne", seed=SEED_I32, emit_fp8=False) -> Case:
+                   signs=False, signs_t=False, rounding="rne", emit_fp8=False) -> Case:
     """``hadamard_quantize`` (``transpose`` False/True) or, with ``transpose=None``, ``hadamard_quantize_dual``
     of a ``(256, 512)`` x."""
     from adahop_kernels import hadamard_quantize as hq
 
     m, k = 256, 512
-    seed_s = f", seed {'i64' if seed >= 2**31 else 'i32'}" if rounding == "sr" else ""
     fp8 = ", fp8" if emit_fp8 else ""
 
     def side(h, s):
@@ -347,22 +346,59 @@ def _quantize_case(dtype=torch.bfloat16, transpose: bool | None = False, hadamar
 
     if transpose is None:
         name = (f"hadamard_quantize_dual({_SHORT[dtype]}, {side(hadamard, signs)} / {side(hadamard_t, signs_t)}, "
-                f"{rounding}{seed_s}{fp8})")
+                f"{rounding}{fp8})")
 
         def call():
             hq.hadamard_quantize_dual(torch.zeros((m, k), dtype=dtype), hadamard=hadamard, hadamard_t=hadamard_t,
                                       hadamard_size=hs, signs=torch.ones(k) if signs else None,
-                                      signs_t=torch.ones(m) if signs_t else None, rounding=rounding, seed=seed,
+                                      signs_t=torch.ones(m) if signs_t else None, rounding=rounding, seed=SEED,
                                       emit_fp8=emit_fp8, emit_fp8_t=emit_fp8)
     else:
         name = (f"hadamard_quantize({_SHORT[dtype]}, along {'M' if transpose else 'K'}, {side(hadamard, signs)}, "
-                f"{rounding}{seed_s}{fp8})")
+                f"{rounding}{fp8})")
 
         def call():
             hq.hadamard_quantize(torch.zeros((m, k), dtype=dtype), transpose=transpose, hadamard=hadamard,
                                  hadamard_size=hs, signs=torch.ones(m if transpose else k) if signs else None,
-                                 rounding=rounding, seed=seed, emit_fp8=emit_fp8)
+                                 rounding=rounding, seed=SEED, emit_fp8=emit_fp8)
     return Case(name, call)
+
+
+def _side_name(side) -> str:
+    if side is None:
+        return "-"
+    parts = ["H" if side.hadamard else "no H"] + (["signs"] if side.signs is not None else [])
+    parts += (["packed"] if side.packed else []) + ([side.fp8] if side.fp8 else []) + (["amax"] if side.amax else [])
+    return " ".join(parts)
+
+
+def _layer_case(what: str, along_k, along_m, rounding="rne", dtype=torch.bfloat16) -> Case:
+    """``quantize`` of a ``(256, 512)`` x with the given sides (adahop_kernels.hadamard_quantize.Side)."""
+    from adahop_kernels import hadamard_quantize as hq
+
+    name = f"quantize({what}: {_SHORT[dtype]}, K {_side_name(along_k)} / M {_side_name(along_m)}, {rounding})"
+    return Case(name, lambda: hq.quantize(torch.zeros((256, 512), dtype=dtype), along_k, along_m, rounding=rounding,
+                                          seed=torch.tensor([SEED])))
+
+
+def _layer_cases() -> list[Case]:
+    """The training layer's quantize steps with in-kernel FP8: X in the forward (A operand, copy saved
+    along tokens), W (Bᵀ of the forward and of dgrad), dY in the backward (both A operands, SR), each
+    with and without the amax of the outlier selection, and signs."""
+    from adahop_kernels.hadamard_quantize import Side
+
+    ones = torch.ones(512)
+    return [
+        _layer_case("X", Side(True, None, packed=False, fp8="seg128"), Side(True, None)),
+        _layer_case("X", Side(True, ones, packed=False, fp8="seg128", amax=True), Side(False, None, amax=True)),
+        _layer_case("W", Side(True, None, packed=False, fp8="tile128"), Side(True, None, packed=False, fp8="tile128")),
+        _layer_case("dY", Side(True, None, packed=False, fp8="seg128"), Side(True, None, packed=False, fp8="seg128"),
+                    "sr"),
+        _layer_case("dY", Side(False, None, packed=False, fp8="seg128", amax=True),
+                    Side(True, torch.ones(256), fp8="seg128"), "sr"),
+        _layer_case("one side", Side(True, None, fp8="tile128", amax=True), None, dtype=torch.float32),
+        _layer_case("one side", None, Side(True, None, packed=False, fp8="seg128"), "sr", dtype=torch.float16),
+    ]
 
 
 def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
@@ -374,7 +410,8 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
     from adahop_kernels.pattern_stats import abs_median, scaled_mean_squares
     from adahop_kernels.signs import random_signs
 
-    cases = [Case("fp8_reencode", lambda: fp8_reencode(_mxfp4(256, 512)))]
+    cases = [Case(f"fp8_reencode({layout})", lambda layout=layout: fp8_reencode(_mxfp4(256, 512), layout))
+             for layout in ("row", "seg128", "tile128")]
     for d in dtypes:
         s = _SHORT[d]
         cases += [
@@ -399,8 +436,9 @@ def default_cases() -> list[Case]:
     recipes (bf16 operands, Hadamard size 32, fp32 random signs, SR seeds below 2**31, FP8 operands),
     covering each orientation with and without Hadamard and both roundings: X and W go into one dual
     call (forward operand along K, copy saved along M) when both round to nearest, else into single
-    calls; dY into one dual SR call unless dgrad or wgrad is bf16. Then the other input dtypes,
-    Hadamard sizes and the i64 seed, and the other launchers at the output dtypes training uses.
+    calls; dY into one dual SR call unless dgrad or wgrad is bf16. Then the general launcher's
+    in-kernel FP8 layouts and amax for the layer's steps (:func:`_layer_cases`), the other input
+    dtypes and Hadamard sizes, and the other launchers at the output dtypes training uses.
     :func:`full_cases` holds every combination of the quantizer's flags.
     """
     q = _quantize_case
@@ -414,7 +452,8 @@ def default_cases() -> list[Case]:
         q(transpose=None, hadamard=False, rounding="sr", emit_fp8=True),  # dY: mxfp4 dgrad, iht wgrad
         q(transpose=None, hadamard=False, hadamard_t=False, emit_fp8=True),  # X and W under mxfp4
         q(transpose=None, signs=True, signs_t=True, rounding="sr", emit_fp8=True),  # dY under quartet-style
-        q(dtype=torch.float32, rounding="sr", seed=SEED_I64),
+        *_layer_cases(),
+        q(dtype=torch.float32, rounding="sr"),
         q(dtype=torch.float16, transpose=True, hs=16, signs=True),
         q(dtype=torch.float32, transpose=None, hs=64, signs=True),
         q(transpose=None, hs=128, signs_t=True),
@@ -424,8 +463,8 @@ def default_cases() -> list[Case]:
 
 def full_cases() -> list[Case]:
     """:func:`default_cases`, every combination of the quantizer's flags at bf16 and Hadamard size 32
-    (the training layer's among them), every input dtype x Hadamard size x orientation, SR with an i64
-    seed in each orientation, and the fp16 outputs of the other launchers."""
+    (the training layer's among them), every input dtype x Hadamard size x orientation, SR with signs
+    in each orientation, and the fp16 outputs of the other launchers."""
     q = _quantize_case
     cases = default_cases()
     bools = (False, True)
@@ -437,7 +476,7 @@ def full_cases() -> list[Case]:
     cases += [q(dtype=d, transpose=t, hs=hs, signs=True, signs_t=True)
               for d in (torch.bfloat16, torch.float32, torch.float16) for hs in (16, 32, 64, 128)
               for t in (False, True, None)]
-    cases += [q(transpose=t, signs=True, signs_t=True, rounding="sr", seed=SEED_I64) for t in (False, True, None)]
+    cases += [q(transpose=t, signs=True, signs_t=True, rounding="sr") for t in (False, True, None)]
     cases += _other_cases((torch.float16,))
     return list({c.name: c for c in cases}.values())
 

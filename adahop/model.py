@@ -23,12 +23,14 @@ tiny        128    2       4      2         352     no     CPU smoke only
 125m        768    12      12     12        2048    no     135.3M
 350m        1024   24      16     16        2816    no     375.4M
 1b          2048   16      32     8         8192    yes    1.04B
+3b          3072   28      24     8         8192    yes    2.92B
 ==========  =====  ======  =====  ========  ======  =====  =================
 
-``125m`` is the shape of the HF run in DESIGN.md §3 (134M at vocab 32000); ``1b`` is
-Llama-3.2-1B's shape (GQA 32/8, tied, RoPE θ = 500000) without its long-context RoPE scaling,
-meant for throughput and memory, not full training. Vocabulary size is the tokenizer's and is
-not padded.
+``125m`` is the shape of the HF run in DESIGN.md §3 (134M at vocab 32000); ``1b`` and ``3b`` are
+Llama-3.2-1B's and -3B's shapes (GQA 32/8 and 24/8, head dim 64 and 128, tied, RoPE θ = 500000)
+without their long-context RoPE scaling, meant for throughput and memory, not full training (at
+Llama 3's 128256-token vocabulary they hold its 1.24B and 3.21B parameters). Vocabulary size is
+the tokenizer's and is not padded.
 """
 
 from __future__ import annotations
@@ -54,9 +56,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "350m": dict(dim=1024, n_layers=24, n_heads=16, ffn_dim=2816),
     "1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, tie_embeddings=True,
                rope_theta=500000.0),
+    "3b": dict(dim=3072, n_layers=28, n_heads=24, n_kv_heads=8, ffn_dim=8192, tie_embeddings=True,
+               rope_theta=500000.0),
 }
 # What each name promises (total parameters at REFERENCE_VOCAB); tiny promises nothing.
-NOMINAL_PARAMS: dict[str, float] = {"30m": 30e6, "125m": 125e6, "350m": 350e6, "1b": 1.0e9}
+NOMINAL_PARAMS: dict[str, float] = {"30m": 30e6, "125m": 125e6, "350m": 350e6, "1b": 1.0e9, "3b": 3.0e9}
 
 
 @dataclasses.dataclass

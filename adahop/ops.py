@@ -15,14 +15,19 @@ import os
 
 import torch
 
+from adahop import library
 from adahop.backend import Backend, FasterOf, resolve_backend
 from adahop.checks import (
+    DEQUANTIZE_DTYPES,
     MM_OUT_DTYPES,
     check_2d,
     check_float_matrix,
     check_mxfp4_operand,
     check_mxfp4_operands,
+    check_mxfp4_tensor,
+    check_quantize_options,
     check_scaled_mean_squares_input,
+    check_signs,
 )
 from adahop.formats import (
     BLOCK_SIZE,
@@ -36,15 +41,6 @@ from adahop.formats import (
     to_fp8_rowwise_ref,
 )
 from adahop.hadamard import DEFAULT_HADAMARD_SIZE, block_hadamard_ref
-
-
-def _check_signs(signs: torch.Tensor | None, k: int, device: torch.device) -> None:
-    if signs is None:
-        return
-    if signs.shape != (k,):
-        raise ValueError(f"signs must have shape ({k},) to match the quantized dimension, got {tuple(signs.shape)}")
-    if signs.device != device:
-        raise ValueError(f"signs are on {signs.device} but the input is on {device}")
 
 
 def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
@@ -62,11 +58,46 @@ def hadamard_quantize_ref(
     nan_policy: NanPolicy = "propagate",
 ) -> MXFP4Tensor:
     """Reference of :func:`hadamard_quantize` along the last dimension (transform in fp64)."""
+    check_quantize_options(dict(hadamard=hadamard, emit_fp8=emit_fp8), hadamard, hadamard_size, rounding, seed,
+                           nan_policy)
+    check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
+    check_signs(signs, x.shape[-1], x.device, "signs", hadamard)
     xt = block_hadamard_ref(x, hadamard_size, signs).float() if hadamard else x
     q = quantize_mxfp4_ref(xt, rounding, _generator(seed, x.device), nan_policy)
     if emit_fp8:
-        q.fp8, q.fp8_scale = to_fp8_rowwise_ref(q)
+        return MXFP4Tensor(q.codes, q.scales, *to_fp8_rowwise_ref(q))
     return q
+
+
+def seed_tensor(seed: int | torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """``seed`` as the int64 ``(1,)`` tensor on ``device`` that the operators read (None stays None).
+
+    An int must lie in [0, 2**62); ``None`` under SR draws one from torch's global generator (as the
+    reference's SR does without a seed).
+    """
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64 or seed.numel() != 1 or seed.device != device:
+            raise ValueError(f"a seed tensor must be int64 with one element on {device}, got "
+                             f"{seed.dtype} of shape {tuple(seed.shape)} on {seed.device}")
+        return seed.reshape(1)
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 62:
+        raise ValueError(f"seed must be an int in [0, 2**62) or an int64 tensor, got {seed!r}")
+    return torch.tensor([seed], dtype=torch.int64, device=device)
+
+
+def _mxfp4_of(outs: tuple[torch.Tensor, ...], emit_fp8: bool) -> MXFP4Tensor:
+    codes, scales, fp8, fp8_scale, _ = outs
+    return MXFP4Tensor(codes, scales, fp8, fp8_scale) if emit_fp8 else MXFP4Tensor(codes, scales)
+
+
+def _draw_seed(rounding: str, seed: int | torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    if rounding not in ("rne", "sr"):
+        raise ValueError(f"rounding must be 'rne' or 'sr', got {rounding!r}")
+    if rounding == "sr" and seed is None:
+        seed = int(torch.randint(0, 1 << 62, ()).item())
+    return seed_tensor(seed, device) if rounding == "sr" else None
 
 
 def hadamard_quantize(
@@ -93,15 +124,16 @@ def hadamard_quantize(
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x.T if transpose else x))``.
     """
     check_2d(x, "x")
+    check_quantize_options(dict(transpose=transpose, hadamard=hadamard, emit_fp8=emit_fp8), hadamard, hadamard_size,
+                           rounding, seed, nan_policy)
     xt = x.t() if transpose else x
     check_quantize_input(xt, "x.T" if transpose else "x", max(32, hadamard_size if hadamard else 32))
-    _check_signs(signs, xt.shape[-1], x.device)
-    if resolve_backend(x.device, backend) is Backend.TRITON:
-        from adahop_kernels.hadamard_quantize import hadamard_quantize as kernel
-
-        return kernel(x, transpose=transpose, hadamard=hadamard, hadamard_size=hadamard_size,
-                      signs=signs, rounding=rounding, seed=seed, emit_fp8=emit_fp8, nan_policy=nan_policy)
-    return hadamard_quantize_ref(xt, hadamard, hadamard_size, signs, rounding, seed, emit_fp8, nan_policy)
+    check_signs(signs, xt.shape[-1], x.device, "signs", hadamard)
+    req = library.request(hadamard, fp8="row" if emit_fp8 else None)
+    outs = library.quantize(x, None if transpose else signs, signs if transpose else None,
+                            _draw_seed(rounding, seed, x.device), "" if transpose else req, req if transpose else "",
+                            hadamard_size, rounding, nan_policy, resolve_backend(x.device, backend).value)
+    return _mxfp4_of(outs[5:] if transpose else outs[:5], emit_fp8)
 
 
 def hadamard_quantize_dual(
@@ -131,27 +163,33 @@ def hadamard_quantize_dual(
     hadamard_quantize(x, transpose=True, hadamard=hadamard_t, signs=signs_t, emit_fp8=emit_fp8_t, ...))``.
     """
     check_2d(x, "x")
+    check_quantize_options(dict(hadamard=hadamard, hadamard_t=hadamard_t, emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_t),
+                           hadamard or hadamard_t, hadamard_size, rounding, seed, nan_policy)
     check_quantize_input(x, "x", max(32, hadamard_size if hadamard else 32))
     check_quantize_input(x.t(), "x.T", max(32, hadamard_size if hadamard_t else 32))
-    _check_signs(signs, x.shape[1], x.device)
-    _check_signs(signs_t, x.shape[0], x.device)
-    if resolve_backend(x.device, backend) is Backend.TRITON:
-        from adahop_kernels.hadamard_quantize import hadamard_quantize_dual as kernel
-
-        return kernel(x, hadamard=hadamard, hadamard_t=hadamard_t, hadamard_size=hadamard_size, signs=signs,
-                      signs_t=signs_t, rounding=rounding, seed=seed, emit_fp8=emit_fp8, emit_fp8_t=emit_fp8_t,
-                      nan_policy=nan_policy)
-    return (hadamard_quantize_ref(x, hadamard, hadamard_size, signs, rounding, seed, emit_fp8, nan_policy),
-            hadamard_quantize_ref(x.t(), hadamard_t, hadamard_size, signs_t, rounding, seed, emit_fp8_t, nan_policy))
+    check_signs(signs, x.shape[1], x.device, "signs", hadamard)
+    check_signs(signs_t, x.shape[0], x.device, "signs_t", hadamard_t)
+    outs = library.quantize(x, signs, signs_t, _draw_seed(rounding, seed, x.device),
+                            library.request(hadamard, fp8="row" if emit_fp8 else None),
+                            library.request(hadamard_t, fp8="row" if emit_fp8_t else None),
+                            hadamard_size, rounding, nan_policy, resolve_backend(x.device, backend).value)
+    return _mxfp4_of(outs[:5], emit_fp8), _mxfp4_of(outs[5:], emit_fp8_t)
 
 
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16, backend: Backend | str | None = None) -> torch.Tensor:
-    """Packed MXFP4 ``(..., K)`` to ``dtype``. Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`."""
-    if resolve_backend(t.device, backend) is Backend.TRITON:
-        from adahop_kernels.dequantize import dequantize as kernel
+    """Packed MXFP4 ``(..., K)`` to ``dtype`` (float32, bfloat16, float16 or float64).
 
-        return kernel(t, dtype)
-    return dequantize_mxfp4_ref(t, dtype)
+    codes and scales uint8 and contiguous, on one device (:func:`adahop.checks.check_mxfp4_tensor`).
+    Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`.
+    """
+    check_mxfp4_tensor(t, "t")
+    if dtype not in DEQUANTIZE_DTYPES:
+        raise ValueError(f"dtype must be float32, bfloat16, float16 or float64, got {dtype}")
+    backend = resolve_backend(t.device, backend).value
+    # Every MXFP4 value is exact in fp32, so float64 is the fp32 result widened.
+    if dtype is torch.float64 and backend == "triton":
+        return library.dequantize(t.codes, t.scales, torch.float32, backend).double()
+    return library.dequantize(t.codes, t.scales, dtype, backend)
 
 
 def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -160,6 +198,8 @@ def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
     Equivalent to ``x.abs().amax(1).topk(k).indices.sort().values``.
     """
     check_2d(x, "x")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
     if not 0 <= k <= x.shape[0]:
         raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
     return x.abs().amax(dim=1).topk(k).indices.sort().values
@@ -210,9 +250,7 @@ def extract_outliers(
     _check_outlier_input(x, k)
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return extract_outliers_ref(x, k)
-    from adahop_kernels.outliers import row_absmax
-
-    idx = row_absmax(x).topk(k).indices.sort().values
+    idx = library.row_absmax(x, Backend.TRITON.value).topk(k).indices.sort().values
     return idx, x.index_select(0, idx).to(torch.bfloat16)
 
 
@@ -231,9 +269,7 @@ def abs_median_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 def _abs_median_kernel(x: torch.Tensor) -> torch.Tensor:
-    from adahop_kernels.pattern_stats import abs_median as kernel
-
-    return kernel(x)
+    return library.abs_median(x)
 
 
 # What :func:`abs_median` runs on a CUDA tensor when neither its caller nor ADAHOP_BACKEND names a
@@ -293,9 +329,7 @@ def scaled_mean_squares(
     check_scaled_mean_squares_input(x, col_div, row_div)
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return scaled_mean_squares_ref(x, col_div, row_div)
-    from adahop_kernels.pattern_stats import scaled_mean_squares as kernel
-
-    return kernel(x, col_div, row_div)
+    return library.scaled_mean_squares(x, col_div, row_div)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,12 +373,16 @@ def _hardware_gemm_path(device: torch.device) -> tuple[GemmPath, str]:
     return GemmPath.DEQUANT_MATMUL, f"{props.name} ({cap}) has neither FP8 nor FP4 tensor cores"
 
 
+def device_gemm_path(device: torch.device, backend: Backend) -> tuple[GemmPath, str]:
+    """The :class:`GemmPath` for ``device`` under ``backend``, and why (traceable: no logging, no cache)."""
+    if backend is Backend.REFERENCE:
+        return GemmPath.REFERENCE, "the reference backend was chosen"
+    return _hardware_gemm_path(device)
+
+
 @functools.lru_cache(maxsize=None)
 def _gemm_path_logged(device: torch.device, backend: Backend) -> GemmPath:
-    if backend is Backend.REFERENCE:
-        path, why = GemmPath.REFERENCE, "the reference backend was chosen"
-    else:
-        path, why = _hardware_gemm_path(device)
+    path, why = device_gemm_path(device, backend)
     _log.info("mxfp4_mm on %s takes the %s path: %s", device, path.value, why)
     return path
 
@@ -369,11 +407,7 @@ def to_fp8_rowwise(t: MXFP4Tensor, backend: Backend | str | None = None) -> tupl
     Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` bit for bit.
     """
     check_mxfp4_operand(t, "t")
-    if resolve_backend(t.device, backend) is Backend.TRITON:
-        from adahop_kernels.fp8_reencode import fp8_reencode
-
-        return fp8_reencode(t)
-    return to_fp8_rowwise_ref(t)
+    return library.fp8_encode(t.codes, t.scales, "row", resolve_backend(t.device, backend).value)
 
 
 @functools.lru_cache(maxsize=None)
@@ -388,16 +422,28 @@ def _fp8_operand(t: MXFP4Tensor, backend: Backend | str | None) -> tuple[torch.T
     return to_fp8_rowwise(t, backend)
 
 
-def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
-    fa, sa = _fp8_operand(a, backend)
-    fb, sb = _fp8_operand(b, backend)
+def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """``A · Bᵀ`` of exact FP8 operands A ``(M, K)`` and Bᵀ ``(N, K)`` through cuBLAS's scaled GEMM.
+
+    Layouts (:func:`adahop.library.fp8_scale_shape`): both ``row`` (fp32 scale per row), or A
+    ``seg128`` and Bᵀ ``tile128`` (blockwise: per 1×128 segment of A, per 128×128 tile of Bᵀ;
+    bfloat16 output only). Every path is exact up to the fp32 accumulation and the output rounding.
+    """
+    if (layout_a, layout_b) == ("seg128", "tile128"):
+        if out_dtype is not torch.bfloat16:
+            raise ValueError(f"the blockwise FP8 GEMM gives bfloat16 only, got out_dtype {out_dtype}")
+        # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
+        # scales (K/128, N/128) likewise.
+        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
+    if (layout_a, layout_b) != ("row", "row"):
+        raise ValueError(f"FP8 layouts A={layout_a!r}, B={layout_b!r}: use ('row', 'row') or ('seg128', 'tile128')")
     n = fb.shape[0]
     # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
     pad = -n % 16
     if pad:
         fb = torch.cat((fb, fb.new_zeros(pad, fb.shape[1])))
         sb = torch.cat((sb, sb.new_ones(pad, 1)))
-    # cuBLAS layouts: A row-major (M, K), B column-major (K, N) = the transpose of row-major (N, K).
     if out_dtype is torch.bfloat16:
         c = torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.reshape(1, -1), out_dtype=torch.bfloat16)
     else:
@@ -409,6 +455,12 @@ def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, back
     return c[:, :n].contiguous() if pad else c
 
 
+def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
+    fa, sa = _fp8_operand(a, backend)
+    fb, sb = _fp8_operand(b, backend)
+    return fp8_mm(fa, sa, "row", fb, sb, "row", out_dtype)
+
+
 def _mm_dequant(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:
     # Dequantized MXFP4 values (two significant bits, exponents within bf16's range) are exact in
     # bf16 and in TF32, so only the GEMM's accumulation and output rounding remain.
@@ -418,6 +470,7 @@ def _mm_dequant(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend)
 
 def mxfp4_mm_ref(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``A · Bᵀ`` for A ``(M, K)`` and B ``(N, K)`` in MXFP4, computed in fp64 from the dequantized operands."""
+    check_mxfp4_operands(a, b, out_dtype, (*MM_OUT_DTYPES, torch.float64))
     return (dequantize_mxfp4_ref(a, torch.float64) @ dequantize_mxfp4_ref(b, torch.float64).t()).to(out_dtype)
 
 
@@ -447,6 +500,4 @@ def mxfp4_mm(
         return _mm_dequant(a, b, out_dtype, backend)
     if path is GemmPath.FP8_ROWWISE:
         return _mm_fp8_rowwise(a, b, out_dtype, backend)
-    from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
-
-    return mxfp4_mm_dot_scaled(a, b, out_dtype)
+    return library.mm_dot_scaled(a.codes, a.scales, b.codes, b.scales, out_dtype)

@@ -69,6 +69,13 @@ class PatternDetector:
     cross_normalize: bool = True
 
     def __post_init__(self) -> None:
+        for name in ("threshold", "dominance"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"detector {name} must be a float, got {type(value).__name__} {value!r}")
+        if not isinstance(self.cross_normalize, bool):
+            raise TypeError(f"detector cross_normalize must be a bool, got {type(self.cross_normalize).__name__} "
+                            f"{self.cross_normalize!r}")
         if not self.threshold > 1.0:
             raise ValueError(f"threshold must be > 1 (a max/median ratio), got {self.threshold}")
         if not self.dominance >= 1.0:

@@ -63,6 +63,10 @@ class Strategy(str, enum.Enum):
 
 
 def parse_strategy(value: Strategy | str) -> Strategy:
+    """``value`` as a :class:`Strategy`: a Strategy or its name (TypeError for any other type,
+    ValueError for an unknown name)."""
+    if not isinstance(value, str):
+        raise TypeError(f"a strategy must be a Strategy or its name, got {type(value).__name__} {value!r}")
     try:
         return Strategy(value)
     except ValueError:

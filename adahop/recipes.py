@@ -45,11 +45,38 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from adahop.checks import HADAMARD_SIZES
 from adahop.patterns import PatternDetector
 from adahop.policy import REFERENCE_TABLE, REFERENCE_TABLE_ENTRIES, SLOTS, Strategy, StrategyTable, parse_strategy
 
 POLICIES = ("table", "measured")
 ROUNDINGS = ("rne", "sr")
+
+
+_INT, _STR, _NONE = (int,), (str,), (type(None),)
+# Field -> (accepted types, how a message names them). Recipe.__post_init__ checks every field;
+# get_recipe first turns plain data (names, lists, mappings) into these types.
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "name": (_STR, "a str"),
+    "description": (_STR, "a str"),
+    **{slot: ((Strategy, *_NONE), "a Strategy or None") for slot in SLOTS},
+    "policy": ((*_STR, *_NONE), "a str or None"),
+    "calibration_steps": (_INT, "an int"),
+    "calibration_strategy": ((Strategy,), "a Strategy"),
+    "table": ((StrategyTable,), "a StrategyTable"),
+    "detector": ((PatternDetector,), "a PatternDetector"),
+    "outlier_k": (_INT, "an int"),
+    "hadamard_size": (_INT, "an int"),
+    "random_signs": ((frozenset,), "a frozenset of slot names"),
+    "grad_rounding": (_STR, "a str"),
+    "saved_rounding": (_STR, "a str"),
+    "seed": (_INT, "an int"),
+    "measure_tokens": (_INT, "an int"),
+    "measured_margin": ((int, float), "a float"),
+    "weight_for_backward": (_STR, "a str"),
+    "recalibration_interval": (_INT, "an int"),
+    "bf16_wgrad_input": (_STR, "a str"),
+}
 
 
 @dataclass(frozen=True)
@@ -60,7 +87,7 @@ class Recipe:
     policy: ``"table"`` or ``"measured"``: strategies fixed after ``calibration_steps`` optimizer
         steps of ``calibration_strategy`` (plain MXFP4).
     outlier_k: rows computed in BF16 by the OE strategies (clamped to the operand's row count).
-    hadamard_size: block size of the transform (a power of two; layer dims must be multiples of
+    hadamard_size: block size of the transform (16, 32, 64 or 128; layer dims must be multiples of
         ``max(32, hadamard_size)``).
     random_signs: slots whose transform draws fresh ±1 signs per step and layer (from ``seed``).
     grad_rounding, saved_rounding: ``"rne"`` or ``"sr"`` (see the module docstring).
@@ -102,6 +129,7 @@ class Recipe:
     bf16_wgrad_input: str = "mxfp4"
 
     def __post_init__(self) -> None:
+        self._check_types()
         fixed = [getattr(self, s) for s in SLOTS]
         if self.policy is None:
             if any(s is None for s in fixed):
@@ -115,8 +143,9 @@ class Recipe:
                 raise ValueError(f"recipe {self.name!r}: policy {self.policy!r} needs calibration_steps >= 1")
         if self.outlier_k < 1:
             raise ValueError(f"recipe {self.name!r}: outlier_k must be >= 1, got {self.outlier_k}")
-        if self.hadamard_size < 2 or self.hadamard_size & (self.hadamard_size - 1):
-            raise ValueError(f"recipe {self.name!r}: hadamard_size must be a power of two, got {self.hadamard_size}")
+        if self.hadamard_size not in HADAMARD_SIZES:
+            raise ValueError(f"recipe {self.name!r}: hadamard_size must be one of {HADAMARD_SIZES} (the sizes the "
+                             f"quantizers take), got {self.hadamard_size}")
         for attr in ("grad_rounding", "saved_rounding"):
             if getattr(self, attr) not in ROUNDINGS:
                 raise ValueError(f"recipe {self.name!r}: {attr} must be one of {ROUNDINGS}, got {getattr(self, attr)!r}")
@@ -137,6 +166,16 @@ class Recipe:
                              f"calibration_steps ({self.calibration_steps}), got {self.recalibration_interval}")
         if self.measure_tokens < 32 or self.measure_tokens % 32:
             raise ValueError(f"recipe {self.name!r}: measure_tokens must be a positive multiple of 32")
+
+    def _check_types(self) -> None:
+        """A TypeError naming the first field whose value is not of the field's type (bool is no int)."""
+        for name, (types, what) in FIELD_TYPES.items():
+            value = getattr(self, name)
+            if (isinstance(value, bool) and bool not in types) or not isinstance(value, types):
+                label = f"recipe {self.name!r}: " if isinstance(self.name, str) else ""
+                raise TypeError(f"{label}{name} must be {what}, got {type(value).__name__} {value!r}")
+        if not all(isinstance(s, str) for s in self.random_signs):
+            raise TypeError(f"recipe {self.name!r}: random_signs must hold slot names (str), got {sorted(map(repr, self.random_signs))}")
 
     def calibration_windows(self, total_steps: int) -> list[tuple[int, int]]:
         """The optimizer steps in which this recipe's layers observe their operands, as inclusive
@@ -187,15 +226,19 @@ class Recipe:
 
 
 def _coerce(name: str, value: Any) -> Any:
-    """Turn an override given as plain data (strings, lists, dicts) into the field's type."""
+    """Turn an override given as plain data (strings, lists, dicts) into the field's type; a value
+    of another type is passed on for :meth:`Recipe._check_types` to name."""
     if name in ("fwd", "dgrad", "wgrad", "calibration_strategy"):
-        return None if value is None else parse_strategy(value)
-    if name == "table" and not isinstance(value, StrategyTable):
+        return parse_strategy(value) if isinstance(value, str) else value
+    if name == "table" and isinstance(value, Mapping):
         return StrategyTable.from_mapping(value)
-    if name == "detector" and not isinstance(value, PatternDetector):
+    if name == "detector" and isinstance(value, Mapping):
         return PatternDetector(**value)
     if name == "random_signs":
-        return frozenset([value] if isinstance(value, str) else value)
+        if isinstance(value, str):
+            return frozenset([value])
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return frozenset(value)
     return value
 
 
@@ -243,7 +286,8 @@ def get_recipe(recipe: str | Recipe, **overrides: Any) -> Recipe:
 
     Overrides may be plain data (``fwd="iht"``, ``random_signs=["wgrad"]``, ``table={...}``).
     Setting ``fwd``/``dgrad``/``wgrad`` on a policy recipe turns it into a fixed one (``policy=None``,
-    so all three must be given) unless ``policy`` is given too. Unknown names raise TypeError.
+    so all three must be given) unless ``policy`` is given too. Unknown names, and values of another
+    type than the field's (:data:`FIELD_TYPES`; ``outlier_k=2.5``, ``seed="1"``), raise TypeError.
     """
     if isinstance(recipe, str):
         if recipe not in RECIPES:

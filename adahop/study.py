@@ -73,7 +73,7 @@ from torch import nn
 
 from adahop.capture import Captured, OperandCapture, block_and_kind
 from adahop import ops
-from adahop.linear import Operand, quantize, slot_specs, strategy_mm
+from adahop.linear import Operand, derive_seed, quantize, slot_specs, strategy_mm
 from adahop.patterns import PatternDetector
 from adahop.policy import SLOTS, Calibration, Strategy, effective_strategy, pair_key, pattern_pairs
 from adahop.recipes import Recipe
@@ -179,7 +179,7 @@ def gemm_errors(
     shared: dict[tuple, tuple[Operand, Operand]] = {}
     out: dict[Strategy, GemmError] = {}
     for strategy in strategies:
-        spec_a, spec_b = slot_specs(recipe, slot, strategy, call)
+        spec_a, spec_b = slot_specs(recipe, slot, strategy, derive_seed(*call))
         if strategy.quantized:
             a, b = shared.setdefault((spec_a, spec_b), (Operand(a_src, spec_a, a_t), Operand(b_src, spec_b, b_t)))
         elif spec_b is not None:  # wgrad: X only as its saved MXFP4 copy, dequantized as the layer does

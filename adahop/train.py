@@ -3,17 +3,29 @@
 What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches per rank):
 
 1. the model (:mod:`adahop.model`) is built from a named size and the tokenizer's vocabulary,
-   converted with ``adahop.convert(model, recipe)`` (every linear but the LM head), optionally
-   ``torch.compile``-d, and wrapped in DDP when ``WORLD_SIZE > 1``;
+   converted with ``adahop.convert(model, recipe)`` (every linear but the LM head) or, for the
+   torchao peers of :data:`FLOAT8_PEERS`, with torchao's ``convert_to_float8_training`` (the LM
+   head skipped too), optionally ``torch.compile``-d, and wrapped in DDP when ``WORLD_SIZE > 1``
+   (FSDP2 with ``fsdp``: see :func:`shard_fsdp`);
 2. forward + backward under bf16 autocast on CUDA (fp32 on CPU, see :class:`TrainConfig`),
-   gradients all-reduced by DDP on the last micro-batch only;
+   gradients all-reduced by DDP (reduce-scattered by FSDP) on the last micro-batch only;
 3. the loss (mean over ranks) and the gradient norm are checked: a non-finite value stops the
    run with :class:`NonFiniteLossError` *before* the update, so the last checkpoint stays good;
+   its message and the logged ``non-finite`` event say which of the two was not finite;
 4. clip, AdamW step (fused on CUDA), warmup + cosine LR, then ``adahop.on_optimizer_step(model)``
    (which advances a recipe's calibration);
 5. every ``eval_interval`` steps the held-out loss; every ``checkpoint_interval`` steps an atomic
    checkpoint (model with the layers' extra state = calibrated strategies, optimizer, scheduler,
-   each rank's data-sampler and RNG states); a JSONL metrics line per ``log_interval`` steps.
+   each rank's data-sampler and RNG states and its layers' calibration votes so far); a JSONL
+   metrics line per ``log_interval`` steps.
+
+Checkpoints under FSDP hold full (unsharded) state dicts, gathered to rank 0's host memory
+through ``torch.distributed.checkpoint.state_dict`` and loaded back by every rank from the one
+file: the same single-file layout as DDP's and one process's, which :func:`adahop.model.export_hf`
+and the strategy export read directly. It needs rank 0 to hold the fp32 weights and both AdamW
+moments in host memory (16 bytes a parameter: 44 GiB for ``3b``), which the sizes of
+:mod:`adahop.model` fit; a sharded ``torch.distributed.checkpoint`` directory would be the way
+past that.
 
 A run restarted with the same ``out_dir`` resumes from its latest checkpoint and continues on the
 same loss curve (``tests/test_train.py`` checks per-step losses bit-for-bit on CPU).
@@ -49,7 +61,8 @@ import torch.distributed as dist
 from torch import nn
 
 import adahop
-from adahop.model import Llama, LlamaConfig
+import adahop.linear
+from adahop.model import Llama, LlamaConfig, rope_tables
 from adahop.provenance import atomic_write_text, git_state
 
 # Dense bf16 tensor-core peaks (FLOP/s) by a substring of the CUDA device name; the first match
@@ -61,6 +74,16 @@ PEAK_BF16_FLOPS: tuple[tuple[str, float], ...] = (
     ("A100", 312e12),
     ("B200", 2250e12),
 )
+
+# torchao's float8 training recipes, measured as end-to-end peers of adahop's recipes (a Hopper
+# user's alternative to FP4): our name -> Float8LinearConfig.from_recipe_name's. They are not
+# adahop recipes (adahop.recipes holds adahop's own) and results mark them ``peer: torchao``.
+FLOAT8_PEERS: dict[str, str] = {"float8-tensorwise": "tensorwise", "float8-rowwise": "rowwise"}
+
+# NVLink multicast (NVLS) stays off for NCCL, symmetric memory and NVSHMEM: it needs fabric-manager
+# support that not every multi-GPU host has, and where it is missing their set-up fails or stalls.
+MULTI_GPU_ENV: dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                                 "NVSHMEM_DISABLE_NVLS": "1"}
 
 # Keys a resumed run may change without changing its loss curve.
 RESUMABLE_CHANGES = frozenset({"eval_interval", "eval_batches", "checkpoint_interval", "keep_checkpoints",
@@ -76,7 +99,10 @@ class TrainConfig:
     fewer when ``max_tokens`` (training tokens, all ranks) is reached first — the LR schedule is
     laid out over the steps actually run. ``precision``: ``"auto"`` is bf16 autocast on CUDA and
     plain fp32 on CPU (CPU bf16 matmuls are slow on most hosts and buy the smoke tests nothing);
-    ``"bf16"`` or ``"fp32"`` force one. ``recipe_overrides`` go to ``adahop.convert``.
+    ``"bf16"`` or ``"fp32"`` force one. ``recipe``: an adahop recipe (``adahop.RECIPES``) or a torchao
+    peer of :data:`FLOAT8_PEERS`; ``recipe_overrides`` go to ``adahop.convert`` (a peer has no
+    adahop fields: a profile's overrides, meant for adahop's recipes, do not apply to it).
+    ``fsdp``: with several ranks, FSDP2 (:func:`shard_fsdp`) in place of DDP.
     ``eval_interval``/``checkpoint_interval`` of 0 mean only at the end; ``eval_batches`` (per
     rank) of 0 means the whole held-out split.
     """
@@ -104,6 +130,7 @@ class TrainConfig:
     log_interval: int = 1
     precision: str = "auto"
     compile: bool = False
+    fsdp: bool = False
     recipe_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -146,7 +173,12 @@ class TrainConfig:
 
 
 class NonFiniteLossError(RuntimeError):
-    """Loss or gradient norm became NaN/Inf; the message names the step and the last good checkpoint."""
+    """Loss or gradient norm became NaN/Inf; the message says which (``non_finite``: ``"loss"``
+    and/or ``"grad_norm"``), the step and the last good checkpoint."""
+
+    def __init__(self, message: str, non_finite: list[str]) -> None:
+        super().__init__(message)
+        self.non_finite = non_finite
 
 
 class TrainingStopped(RuntimeError):
@@ -201,8 +233,12 @@ def rank_device(kind: str | None, info: DistInfo) -> torch.device:
 
 def init_distributed(kind: str | None = None) -> tuple[DistInfo, torch.device]:
     """This process's rank and device; joins the ``torchrun`` process group when
-    ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU)."""
+    ``WORLD_SIZE > 1`` (NCCL on CUDA, gloo on CPU), with :data:`MULTI_GPU_ENV` set where the
+    launcher left those variables unset."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1:
+        for key, value in MULTI_GPU_ENV.items():
+            os.environ.setdefault(key, value)
     info = DistInfo() if world == 1 else DistInfo(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0")), world)
     device = rank_device(kind, info)
     if world > 1 and not dist.is_initialized():
@@ -210,6 +246,87 @@ def init_distributed(kind: str | None = None) -> tuple[DistInfo, torch.device]:
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return info, device
+
+
+def torchao_version() -> str | None:
+    """The installed torchao's version, or None where it is not importable."""
+    try:
+        import torchao
+    except ImportError:
+        return None
+    return str(getattr(torchao, "__version__", "unknown"))
+
+
+def check_recipe(name: str) -> None:
+    """Raise a clear error for a recipe the Trainer cannot run here: a name that is neither an
+    adahop recipe nor a peer of :data:`FLOAT8_PEERS` (ValueError), a peer without torchao
+    (ImportError). Cheap: a script checks every recipe of a run before measuring the first."""
+    if name in FLOAT8_PEERS:
+        if torchao_version() is None:
+            raise ImportError(f"recipe {name!r} is torchao's float8 training, but torchao is not importable; "
+                              f"install it (pip install 'adahop[float8]') or leave {name!r} out")
+        return
+    if name not in adahop.RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; choose one of {sorted(adahop.RECIPES)} "
+                         f"or torchao's {sorted(FLOAT8_PEERS)}")
+
+
+def convert_float8(model: nn.Module, peer: str, skip: Iterable[str] = ("lm_head",)) -> nn.Module:
+    """Swap every ``nn.Linear`` of ``model`` but those named in ``skip`` for torchao's
+    ``Float8Linear`` under ``Float8LinearConfig.from_recipe_name(FLOAT8_PEERS[peer])``, in place;
+    returns ``model``. The LM head stays ``nn.Linear``, as adahop's recipes keep it in BF16.
+
+    Equivalent to ``torchao.float8.convert_to_float8_training(model, config=..., module_filter_fn=...)``.
+    """
+    if peer not in FLOAT8_PEERS:
+        raise ValueError(f"peer must be one of {sorted(FLOAT8_PEERS)}, got {peer!r}")
+    check_recipe(peer)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    skip = tuple(skip)
+    config = Float8LinearConfig.from_recipe_name(FLOAT8_PEERS[peer])
+    return convert_to_float8_training(
+        model, config=config, module_filter_fn=lambda module, fqn: not any(fqn == s or fqn.endswith("." + s) for s in skip)
+    )
+
+
+def check_float8_device(peer: str, device: torch.device) -> None:
+    """torchao's float8 GEMMs (``torch._scaled_mm``) need compute capability 8.9 (Ada, Hopper) or
+    newer on CUDA; on an older GPU the error would come from deep inside the first step."""
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 9):
+            raise ValueError(f"recipe {peer!r}: torchao float8 training needs a GPU of compute capability 8.9 "
+                             f"or newer; {torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
+
+
+def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, compile_blocks: bool) -> Llama:
+    """FSDP2 in place: ``fully_shard`` on every decoder block, then on the root (embedding, final
+    norm and the LM head tied to it), over a 1-D mesh of ``world_size`` ranks. Returns ``model``.
+
+    Precision follows the trainer's: with ``bf16`` each block's parameters are gathered in bf16
+    (``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``: the gradients are reduced and
+    the optimizer steps in fp32 on the fp32 shards); the trainer's autocast stays on, so the ops it
+    keeps in fp32 still run in fp32. Unlike DDP's fp32 weights under autocast, the activations
+    between blocks are then bf16 (the gathered embedding is), as in other FSDP2 trainers. Without
+    ``bf16`` everything is fp32. ``compile_blocks``: each block's ``forward`` ``torch.compile``-d (FSDP2's
+    hooks stay outside the compiled graphs; module names and checkpoints are unchanged).
+
+    Equivalent to DDP over the same global batch up to the bf16 rounding of the gathered weights
+    (without ``bf16``: up to the order of the float reductions).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(device.type, (world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for block in model.model.layers:
+        if compile_blocks:
+            # The block's forward, not its call: FSDP2's gather/reshard hooks run around it, eagerly.
+            block.forward = torch.compile(block.forward)
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
 
 
 def peak_bf16_flops(device: torch.device) -> float | None:
@@ -311,17 +428,36 @@ class Trainer:
         # The same seed on every rank gives the same initial weights (DDP also broadcasts them).
         torch.manual_seed(cfg.seed)
         self.model_config = LlamaConfig.from_name(cfg.model, vocab_size=vocab_size, max_seq_len=cfg.seq_len)
+        if cfg.fsdp and self.dist.world_size == 1:
+            raise ValueError("TrainConfig.fsdp shards over ranks: launch several with torchrun "
+                             "(--nproc_per_node > 1), or leave fsdp off for one process")
+        check_recipe(cfg.recipe)
+        # A torchao peer: torchao's layers, no adahop recipe (nothing calibrates).
+        self.peer: str | None = "torchao" if cfg.recipe in FLOAT8_PEERS else None
+        if self.peer:
+            check_float8_device(cfg.recipe, self.device)
         with torch.device(self.device):
             model = Llama(self.model_config)
-        # The recipe derives its stochastic rounding and random signs from the run's seed.
-        self.recipe = adahop.get_recipe(cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides})
-        self.model = adahop.convert(model, self.recipe)
-        self.runner: nn.Module = torch.compile(self.model) if cfg.compile else self.model
-        self.ddp: nn.Module = self.runner
-        if self.dist.world_size > 1:
-            self.ddp = nn.parallel.DistributedDataParallel(
-                self.runner, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
+        use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
+        if self.peer:
+            self.recipe: adahop.Recipe | None = None
+            self.model = convert_float8(model, cfg.recipe)
+        else:
+            # The recipe derives its stochastic rounding and random signs from the run's seed.
+            self.recipe = adahop.get_recipe(cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides})
+            self.model = adahop.convert(model, self.recipe)
+        self.fsdp = cfg.fsdp
+        if self.fsdp:
+            self.model = shard_fsdp(self.model, self.device, self.dist.world_size, use_bf16, cfg.compile)
+            self.runner: nn.Module = self.model
+            self.ddp: nn.Module = self.model
+        else:
+            self.runner = torch.compile(self.model) if cfg.compile else self.model
+            self.ddp = self.runner
+            if self.dist.world_size > 1:
+                self.ddp = nn.parallel.DistributedDataParallel(
+                    self.runner, device_ids=[self.device.index] if self.device.type == "cuda" else None
+                )
 
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
@@ -332,7 +468,6 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupCosine(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         )
-        use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and self.device.type == "cuda")
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
         )
@@ -351,6 +486,47 @@ class Trainer:
         self._stop_agreed = False  # some rank asked to stop (from the last step's all-reduce)
         if self.out_dir is not None:
             self._resume()
+
+    def calibration_windows(self) -> list[tuple[int, int]]:
+        """The recipe's calibration windows over this run's steps (:func:`step_times`); none for a peer."""
+        return self.recipe.calibration_windows(self.total_steps) if self.recipe is not None else []
+
+    def full_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """``(model, optimizer)`` state dicts with full tensors. Under FSDP a collective (every rank
+        calls it): gathered to rank 0's host memory, empty dicts elsewhere; the optimizer's is keyed
+        by parameter names there (``torch.distributed.checkpoint.state_dict``)."""
+        if not self.fsdp:
+            return self.model.state_dict(), self.optimizer.state_dict()
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_model_state_dict,
+            get_optimizer_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return (get_model_state_dict(self.model, options=options),
+                get_optimizer_state_dict(self.model, self.optimizer, options=options))
+
+    def export_model(self) -> Llama | None:
+        """The trained model with full weights, on the main rank (None on the others): ``self.model``
+        itself, or under FSDP (a collective) a plain :class:`Llama` on the CPU built from the gathered
+        weights (the layers' strategies are not part of it; ``adahop.export_strategies(self.model)``
+        has them on every rank). What :func:`adahop.model.export_hf` takes."""
+        if not self.fsdp:
+            return self.model if self.dist.is_main else None
+        state, _ = self.full_state()
+        if not self.dist.is_main:
+            return None
+        with torch.device("meta"):
+            plain = Llama(self.model_config)
+        weights = {k: v for k, v in state.items() if not k.endswith("_extra_state")}
+        plain.load_state_dict(weights, strict=True, assign=True)
+        if self.model_config.tie_embeddings:
+            plain.lm_head.weight = plain.model.embed_tokens.weight
+        # Non-persistent buffers are not in a state dict: computed again, as Llama() does.
+        plain.rope_cos, plain.rope_sin = (torch.as_tensor(t) for t in rope_tables(
+            self.model_config.head_dim, self.model_config.max_seq_len, self.model_config.rope_theta))
+        return plain
 
     def request_stop(self, reason: str = "stop requested") -> None:
         """Ask :meth:`run` to end after the current step: checkpoint it, then raise
@@ -386,35 +562,44 @@ class Trainer:
 
     def save_checkpoint(self) -> Path | None:
         """Atomic: written to a temp file in the same folder, then renamed. Rank 0 writes; every
-        rank contributes its sampler and RNG states."""
-        per_rank = self._gather({"data": self.train_batches.state_dict(), "rng": rng_state()})
-        strategies = self._gather(adahop.export_strategies(self.model))
-        if self.out_dir is None or not self.dist.is_main:
+        rank contributes its sampler and RNG states and its layers' calibration state (the votes a
+        rank gathered inside a calibration window are its own until the window's end sums them), and
+        every rank returns once the file is there. Returns its path (None without an ``out_dir``)."""
+        if self.out_dir is None:
             return None
-        if any(s != strategies[0] for s in strategies):
-            warnings.warn("calibrated strategies differ between ranks; the checkpoint keeps rank 0's")
-        state = {
-            "step": self.step,
-            "config": dataclasses.asdict(self.cfg),
-            "world_size": self.dist.world_size,
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "ranks": per_rank,
-            "best_val_loss": self.best_val_loss,
-            "segments": self.segments,
-        }
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        layers = {name: layer.get_extra_state() for name, layer in adahop.linear.quant_layers(self.model)}
+        per_rank = self._gather({"data": self.train_batches.state_dict(), "rng": rng_state(), "layers": layers})
+        strategies = self._gather(adahop.export_strategies(self.model))
         path = self.checkpoint_dir / f"step_{self.step:08d}.pt"
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        atomic_write_text(self.out_dir / "strategies.json", json.dumps(strategies[0], indent=1, default=str) + "\n")
-        for old in self.checkpoints()[: -self.cfg.keep_checkpoints]:
-            old.unlink()
+        model_state, optimizer_state = self.full_state() if (self.dist.is_main or self.fsdp) else ({}, {})
+        if self.dist.is_main:
+            # Votes differ between ranks until a window ends; the fixed strategies must not.
+            fixed = [{name: layer["strategies"] for name, layer in s.items()} for s in strategies]
+            if any(f != fixed[0] for f in fixed):
+                warnings.warn("calibrated strategies differ between ranks; the checkpoint keeps rank 0's")
+            state = {
+                "step": self.step,
+                "config": dataclasses.asdict(self.cfg),
+                "world_size": self.dist.world_size,
+                "model": model_state,
+                "optimizer": optimizer_state,
+                "scheduler": self.scheduler.state_dict(),
+                "ranks": per_rank,
+                "best_val_loss": self.best_val_loss,
+                "segments": self.segments,
+            }
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            with open(tmp, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            atomic_write_text(self.out_dir / "strategies.json", json.dumps(strategies[0], indent=1, default=str) + "\n")
+            for old in self.checkpoints()[: -self.cfg.keep_checkpoints]:
+                old.unlink()
+        if self.dist.world_size > 1:
+            dist.barrier()  # no rank goes on (or resumes) before the file is complete
         self.last_checkpoint = path
         return path
 
@@ -438,14 +623,30 @@ class Trainer:
             raise ValueError(f"{found[-1]} was written with a different config ({changed}); use another out_dir")
         if state["world_size"] != self.dist.world_size:
             raise ValueError(f"{found[-1]} was written by {state['world_size']} ranks, this run has {self.dist.world_size}")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import (
+                StateDictOptions,
+                set_model_state_dict,
+                set_optimizer_state_dict,
+            )
+
+            # Every rank read the whole file; each keeps its shard of the full tensors.
+            options = StateDictOptions(full_state_dict=True)
+            set_model_state_dict(self.model, state["model"], options=options)
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         mine = state["ranks"][self.dist.rank]
+        # The model's state is rank 0's: each rank takes back its own calibration votes.
+        for name, layer in adahop.linear.quant_layers(self.model):
+            if name in mine.get("layers", {}):
+                layer.set_extra_state(mine["layers"][name])
         self.train_batches.load_state_dict(mine["data"])
         set_rng_state(mine["rng"])
         self.step, self.best_val_loss, self.last_checkpoint = state["step"], state["best_val_loss"], found[-1]
-        # (a checkpoint from before segments were recorded: its earlier code is unknown)
+        # (a checkpoint without segments: the code of its steps is unknown)
         earlier = state.get("segments", [{"from_step": 0, "git_commit": None, "git_dirty": None}])
         self.segments = [*earlier, {**self.segments[-1], "from_step": self.step}]
         # Lines logged after the checkpoint belong to the lost part of the interrupted run.
@@ -474,14 +675,25 @@ class Trainer:
         for micro in range(self.cfg.grad_accum):
             x, y = self._to_device(next(self.train_batches))
             last = micro == self.cfg.grad_accum - 1
-            sync = self.ddp.no_sync() if self.dist.world_size > 1 and not last else contextlib.nullcontext()
+            sync = contextlib.nullcontext()
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)
+            elif self.dist.world_size > 1 and not last:
+                sync = self.ddp.no_sync()
             with sync:
                 with self.autocast():
                     _, loss = self.ddp(x, y)
                 (loss / self.cfg.grad_accum).backward()
             loss_sum += loss.detach().float()
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        if self.fsdp:
+            # The norm of sharded gradients is a partial DTensor: made whole (one all-reduce) first.
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+            torch.nn.utils.clip_grads_with_norm_(params, max_norm, grad_norm)
+        else:
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
         # The stop flag rides on the one all-reduce (and host sync) that the step has anyway.
         stop_flag = torch.full((), 1.0 if self.stop_reason else 0.0, device=loss_sum.device)
         loss_v, norm_v, stop_v = self._mean_over_ranks(
@@ -489,14 +701,19 @@ class Trainer:
         ).tolist()
         self._stop_agreed = stop_v > 0
         step = self.step + 1
-        if not (math.isfinite(loss_v) and math.isfinite(norm_v)):
+        bad = [key for key, value in (("loss", loss_v), ("grad_norm", norm_v)) if not math.isfinite(value)]
+        if bad:
             self.optimizer.zero_grad(set_to_none=True)
-            self._log({"step": step, "event": "non-finite", "loss": str(loss_v), "grad_norm": str(norm_v)})
+            self._log({"step": step, "event": "non-finite", "non_finite": bad, "loss": str(loss_v),
+                       "grad_norm": str(norm_v)})
             kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
                     else "no checkpoint was written before it")
+            # A finite loss with a non-finite norm points at the backward (a gradient overflowed).
+            which = {("loss",): "training loss", ("grad_norm",): "gradient norm (the loss was finite)",
+                     ("loss", "grad_norm"): "training loss and gradient norm"}[tuple(bad)]
             raise NonFiniteLossError(
-                f"non-finite training loss {loss_v} (grad norm {norm_v}) at step {step}; "
-                f"stopped before applying the update, {kept}"
+                f"non-finite {which} at step {step}: loss {loss_v}, gradient norm {norm_v}; "
+                f"stopped before applying the update, {kept}", bad
             )
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()

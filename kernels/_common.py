@@ -94,3 +94,93 @@ def flip_sign(x, neg):
     else:
         bits = x.to(tl.int32, bitcast=True) ^ (neg.to(tl.int32) << 31)
     return bits.to(x.dtype, bitcast=True)
+
+
+# ---- E4M3 encoding of E2M1 codes (the exact FP8 operand of DESIGN §3) ----------------------------
+
+
+@triton.jit
+def e4m3_bits_of_e2m1(code, t):
+    """E4M3 byte of ``e2m1(code) * 2**(t - 8)`` (int32 ``code`` 0..15, int32 ``t <= 14``), RNE.
+
+    Integer arithmetic instead of a float->fp8 cast: the value in units of E4M3's smallest
+    subnormal (2^-9) is ``n << t`` with ``n = 2|q|`` in {0,1,2,3,4,6,8,12}. For ``t >= 0`` (a block
+    at most 14 binades below its group's largest: the exact case) that is an integer with at most
+    two significant bits; for ``t < 0`` it is rounded to the subnormal grid, ties to even, as the
+    reference's cast rounds. A GPU cast would round the same way, but Triton's interpreter neither
+    rounds to nearest-even nor keeps NaN.
+    """
+    idx = code & 7
+    # n = 2|q|: codes 0..3 -> 0,1,2,3; 4..7 -> 4,6,8,12.
+    n = tl.where(idx < 2, idx, (2 + (idx & 1)) << tl.maximum((idx >> 1) - 1, 0))
+    exact = n << tl.minimum(tl.maximum(t, 0), 14)
+    # t < 0: shift right by s (values >= 2^5 below the grid round to 0 for every n <= 12).
+    s = tl.minimum(tl.maximum(-t, 1), 5)
+    kept = n >> s
+    rem = n - (kept << s)
+    half = 1 << (s - 1)
+    up = (rem > half) | ((rem == half) & ((kept & 1) == 1))
+    units = tl.where(t >= 0, exact, kept + up.to(tl.int32))
+    # units < 8: subnormal, bits = units. Else exponent p = floor(log2 units) from the fp32 bits
+    # (exact below 2^24), biased exponent p - 2, three mantissa bits below the leading one.
+    p = (units.to(tl.float32).to(tl.int32, bitcast=True) >> 23) - 127
+    normal = (((p - 2) << 3) | ((units >> tl.maximum(p - 3, 0)) - 8)) & 0x7F
+    bits = tl.where(units < 8, units, normal)
+    return bits | ((code >> 3) << 7)
+
+
+@triton.jit
+def _spread_nibbles(x):
+    """The four nibbles of the low 16 bits of int32 ``x``, one a byte, nibble i in byte i."""
+    x = (x | (x << 8)) & 0x00FF00FF
+    return (x | (x << 4)) & 0x0F0F0F0F
+
+
+@triton.jit
+def e4m3_words_fast(c, t):
+    """E4M3 bytes of four E2M1 codes (one a byte of int32 ``c``) in a block with ``t = e - R + 14 >= 3``.
+
+    There every nonzero value is a normal E4M3 number: |q| = 2^(E-1)(1 + m/2) for code
+    idx = 2E + m >= 2 has exponent field E - 1 + (t - 8) + 7 and mantissa m << 2, i.e. bits
+    (idx + 2t - 4) << 2; idx 1 (0.5) has field t - 2, bits (2t - 4) << 2; idx 0 is 0. Byte-wise
+    (SWAR), no carries: idx + 2t - 4 <= 31 for t <= 14 (larger t only in NaN blocks, overwritten),
+    and a block with t < 3 gives the right bytes only where all its codes are ±0.
+    """
+    a = c & 0x07070707
+    nonzero = ((a + 0x07070707) >> 3) & 0x01010101  # 1 in a byte: idx >= 1
+    ge2 = (((c & 0x06060606) + 0x06060606) >> 3) & 0x01010101  # 1 in a byte: idx >= 2
+    v = a + ge2 + nonzero * (2 * t - 5)
+    return (v << 2) | ((c & 0x08080808) << 4)
+
+
+@triton.jit
+def e4m3_words_of_code_words(words, t, ROWS: tl.constexpr, WORDS: tl.constexpr):
+    """``(ROWS, 2·WORDS)`` int32 words of four E4M3 bytes from ``(ROWS, WORDS)`` words of eight E2M1
+    codes (code i in nibble i), each word's block offset ``t`` (broadcastable) ``>= 3`` (see
+    :func:`_e4m3_words_fast`; other blocks need :func:`e4m3_bits_of_e2m1`)."""
+    lo = e4m3_words_fast(_spread_nibbles(words & 0xFFFF), t)
+    hi = e4m3_words_fast(_spread_nibbles((words >> 16) & 0xFFFF), t)
+    return tl.reshape(tl.join(lo, hi), (ROWS, 2 * WORDS))
+
+
+@triton.jit
+def pack_bytes(b, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """``(ROWS, COLS // 4)`` little-endian int32 words of the int32 bytes ``b (ROWS, COLS)``."""
+    lo, hi = tl.split(tl.reshape(b, (ROWS, COLS // 2, 2)))
+    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (ROWS, COLS // 4, 2)))
+    return lo | (hi << 16)
+
+
+@triton.jit
+def group_max(e, ROWS: tl.constexpr, BLOCKS: tl.constexpr, GROUP_ROWS: tl.constexpr, GROUP_BLOCKS: tl.constexpr):
+    """Max of ``e (ROWS, BLOCKS)`` over groups of ``GROUP_ROWS`` rows × ``GROUP_BLOCKS`` blocks:
+    ``(ROWS // GROUP_ROWS, BLOCKS // GROUP_BLOCKS)``."""
+    g = tl.reshape(e, (ROWS // GROUP_ROWS, GROUP_ROWS, BLOCKS // GROUP_BLOCKS, GROUP_BLOCKS))
+    return tl.max(tl.max(g, axis=3), axis=1)
+
+
+@triton.jit
+def group_broadcast(r, ROWS: tl.constexpr, BLOCKS: tl.constexpr, GROUP_ROWS: tl.constexpr, GROUP_BLOCKS: tl.constexpr):
+    """Inverse shape of :func:`group_max`: each group's value at each of its ``(ROWS, BLOCKS)`` places."""
+    g = tl.broadcast_to(r[:, None, :, None], (ROWS // GROUP_ROWS, GROUP_ROWS, BLOCKS // GROUP_BLOCKS, GROUP_BLOCKS))
+    return tl.reshape(g, (ROWS, BLOCKS))

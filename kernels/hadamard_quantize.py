@@ -1,61 +1,67 @@
-"""Fused block-Hadamard transform + MXFP4 quantization, one read of X for one or two orientations.
+"""Fused block-Hadamard transform + MXFP4 quantization + FP8 GEMM operand, one read of X.
 
-One kernel serves every variant through constexpr flags: quantize X ``(M, K)`` along K (the GEMM
-operand as it lies), along M (the transpose, e.g. Xᵀ along tokens for ``wgrad``), or both from
-the same tile load (:func:`hadamard_quantize_dual`). Each program loads a ``(BLOCK_M, BLOCK_K)``
-tile, views each orientation as MX blocks ``(blocks, 32)`` and for each:
+One kernel serves every variant through constexpr flags (:func:`quantize`; the wrappers
+:func:`hadamard_quantize` and :func:`hadamard_quantize_dual` keep the MXFP4-only interface): quantize
+X ``(M, K)`` along K (the GEMM operand as it lies), along M (the transpose, e.g. Xᵀ along tokens for
+``wgrad``), or both from the same tile load. Each program loads a ``(BLOCK_M, BLOCK_K)`` tile, views
+each orientation as MX blocks ``(blocks, 32)`` and for each:
 
-1. flips signs (optional ±1 vector along the quantized dimension; by the sign bit);
-2. multiplies each Hadamard block by the ±1 Sylvester matrix on the tensor cores (``tl.dot``
+1. takes ``max |x|`` of each output row if asked (``amax``, for outlier selection: an int atomic max
+   on the fp32 bit patterns, so NaN rows stay NaN and the result does not depend on the tiling);
+2. flips signs (optional ±1 vector along the quantized dimension; by the sign bit);
+3. multiplies each Hadamard block by the ±1 Sylvester matrix on the tensor cores (``tl.dot``
    with fp32 accumulation; bf16/fp16 operands and ±1 products are exact, fp32 input goes in as
    three exact bf16 pieces), so the sums are exact whenever a block's values span ≤ ~11 binades;
    the 1/√HS factor is folded into the MX scale step and applied with one fma of its two fp32
    halves: the scaled values are the fp64 reference's, correctly rounded, except within ~2^-47
-   of a rounding boundary;
-3. quantizes exactly as :func:`adahop.formats.quantize_mxfp4_ref` decides (scale from the fp32
+   of a rounding boundary. Sums past the fp32 range (blocks with values from ~2^128/HS up, where
+   the reference's fp64 transform is still finite) turn the block bad; a tile holding a bad block
+   redoes it pre-scaled by 2^-8 and takes the factor back in its scale, so the kernel decides as
+   the reference does up to the fp32 maximum (NaN scale only where the reference's fp32 values
+   overflow or the input holds NaN/Inf);
+4. quantizes exactly as :func:`adahop.formats.quantize_mxfp4_ref` decides (scale from the fp32
    exponent bits of the block amax, RNE or stochastic rounding, SR's scale bump, NaN/Inf blocks
-   → scale 0xFF and codes 0) and stores packed codes (low nibble first) and E8M0 scales.
+   → scale 0xFF and codes 0) and, if ``packed``, stores packed codes (low nibble first) and E8M0
+   scales;
+5. with ``fp8="seg128"`` or ``"tile128"``, writes the exact FP8 E4M3 GEMM operand of DESIGN §3
+   itself, scaled per 1×128 segment (A of ``torch._scaled_mm``) or 128×128 tile (Bᵀ): the scale
+   2^(R-6) needs only the group's largest block exponent R, and the tile shapes are multiples of
+   128 along the quantized dimension (and along the rows for tile128), so a program holds whole
+   groups. Four E4M3 bytes are built per 32-bit operation from the packed code words
+   (:func:`adahop_kernels._common.e4m3_words_of_code_words`); a group spanning > 11 binades takes
+   the code-by-code encoding. Exact whenever a group's block exponents span ≤ 14 binades;
+   :func:`adahop.formats.to_fp8_ref` says what happens beyond, bit for bit. ``fp8="row"`` needs
+   the whole row's R, which no tile holds (and the dual kernel's two orientations have different
+   rows), so it runs the rowwise re-encoding (:func:`adahop_kernels.fp8_reencode.fp8_reencode`)
+   on the just-written codes and scales.
 
 Why ``tl.dot`` and not a butterfly: the 32×32 product costs the tensor cores ~11% of their bf16
 rate at the copy bandwidth and no issue slots worth counting, whereas a five-stage butterfly
 needs five adds a value plus cross-lane exchanges (a block spans four lanes in Triton's layouts)
 on the CUDA cores, which are the bottleneck here (below).
 
-The FP8 row-scaled operand (DESIGN §3) needs R, the largest block exponent of a whole output
-row, before any element can be written; a tile sees only part of a row (and the dual kernel's
-two orientations have different rows). Decision: ``emit_fp8`` runs the row-wise re-encoding
-kernel (:func:`adahop_kernels.fp8_reencode.fp8_reencode`: a pass over the row's scales for R,
-then one over the codes) on the just-written codes and scales. It re-reads 0.53 B/value and
-writes 1 B/value, against 2.53 B/value for the quantize pass (bf16 in), so the FP8 emission costs
-~15% more traffic than a fused one would. The alternatives cost more where it hurts: a per-row
-program with two passes over X repeats the transform and quantization (the kernel is near its
-issue budget, below) and gives up the dual kernel's single read; the same re-encoding kernel is
-needed anyway for saved MXFP4 tensors (Xᵀ for ``wgrad``) in the backward.
-
 Random bits for SR are a function of (seed, orientation, output row, output column) only: the
-tile shape (autotuned) never changes the result, and :func:`hadamard_quantize_dual` equals two
-single calls bit for bit. The along-M orientation draws from Philox key ``seed | 2**62``.
+tile shape (autotuned) never changes the result, and a dual call equals two single calls bit for
+bit. The seed is an int64 device tensor the kernel loads (an int is put into one), so a new seed
+every step neither recompiles nor synchronises under ``torch.compile``; the along-M orientation
+draws from Philox key ``seed | 2**62``. Each value takes 16 random bits (one Philox call per eight
+values): rounding up has probability frac(x / step) to within 2^-16, against the quantization
+error's own spread of ~0.29 step, for half the random bits' instructions of 32-bit draws.
 
-Throughput (to be measured on the H200: ``tests/bench/test_bench_quantize.py``). Bytes per value
-with bf16 input: read 2, write 0.5 + 1/32 per orientation; the dual kernel moves 3.06 B/value
-against 5.06 for two single calls. At 85% of the 4.28 TB/s copy rate an H200 has ~0.73
-warp-instructions per value to issue (132 SMs × 4 a cycle × ~1.9 GHz / 1.44e12 values/s), so the
-CUDA-core work is the constraint, not the tensor cores. Counted on the sm_90 SASS
-(``scripts/sass_count.py``), per value: along K, RNE, H32 0.69 (no Hadamard 0.60, with signs
-0.76, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.34 for two
-orientations (budget ~0.88 at its 3.06 B/value); SR 1.56 (one 10-round Philox call per four
-values). Expectation: RNE single-orientation kernels near or just under the 85% target, the
-dual kernel ~55–60% of copy (still less time than two single calls, which need 1.4 together),
-SR ~40%: SR is compute-bound by its random bits. The packing tricks that got RNE there: codes
-from the fp32 bit patterns (one add rounds to the grid), integer block max (also finds NaN/Inf),
-eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, and H's columns permuted
-so each MMA lane holds consecutive outputs (no data moves before the packing).
-
-Measured on the H200 (``results/microbench/gpu/``): this kernel at 0192140 moved 2.0–2.3 TB/s
-(0.48–0.54 of the same-run copy rate) for RNE along K with H32 at Llama shapes. A variant with
-several row tiles per program (next load in flight), 16-bit SR draws and register-capped configs
-(46df528) measured 1.04 TB/s (0.245) on 16384×4096 in the run at 69dc9c0, so it was reverted to
-this one. The 85% target is missed: the kernel is bound by instruction issue, not memory.
+Throughput (measured on the H200 by ``tests/bench/test_bench_quantize.py``, figures in
+``results/microbench/gpu/``). Minimal bytes per value with bf16 input: read 2; write per
+orientation 0.5 + 1/32 packed, 1 + 1/128 FP8 seg128, 1 + 1/16384 FP8 tile128. An H200 issues
+132 SMs × 4 warp-instructions a cycle × ~1.9 GHz; at 85% of the 4.28 TB/s copy rate and 2.53 B a
+value that leaves ~0.73 warp-instructions per value, so the CUDA-core work is the constraint, not
+the tensor cores or memory. Counted on the sm_90 SASS (``scripts/sass_count.py``), per value,
+packed MXFP4 along K: RNE, H32 0.69 (no Hadamard 0.60, with signs 0.76, fp32 input 0.93 against
+its own budget of ~1.1); along M 0.72; dual 1.34 for two orientations (budget ~0.88 at its 3.06
+B/value); SR 1.56 (one 10-round Philox call per four values): SR is compute-bound by its random
+bits. The packing tricks: codes from the fp32 bit patterns (one add rounds to the grid), integer
+block max (also finds NaN/Inf), eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR
+mask, and H's columns permuted so each MMA lane holds consecutive outputs (no data moves before
+the packing). A variant with several row tiles per program (next load in flight) measured half
+this kernel's rate (the ``kernels-multitile`` file in ``results/microbench/gpu/``).
 """
 
 from __future__ import annotations
@@ -67,76 +73,152 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, MXFP4Tensor
+from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, FP8_GROUP, MXFP4Tensor, check_fp8_layout
 from adahop.hadamard import hadamard_matrix
-from adahop_kernels._common import INTERPRETED, check_device, exp2_int, flip_sign, to_fp32
+from adahop_kernels._common import (
+    INTERPRETED,
+    check_device,
+    e4m3_bits_of_e2m1,
+    e4m3_words_fast,
+    exp2_int,
+    flip_sign,
+    group_broadcast,
+    group_max,
+    pack_bytes,
+    to_fp32,
+)
 
 HADAMARD_SIZES = (16, 32, 64, 128)  # tl.dot needs ≥ 16; 128 keeps H within one tile
-SEED_LIMIT = 1 << 62
-TRANSPOSED_STREAM = 1 << 62  # OR-ed into the seed for the along-M orientation
+SEED_LIMIT = 1 << 62  # the along-M stream sets bit 62 of the seed (in the kernel)
+FP8_IN_KERNEL = {None: 0, "row": 0, "seg128": 1, "tile128": 2}  # FP8 constexpr; "row" is re-encoded after
+# Blocks whose ±1 sums overflow are redone scaled by 2^-PRESCALE: 128 · 2^128 · 2^-8 < fp32 max.
+PRESCALE = tl.constexpr(8)
+PRESCALE_DOWN = tl.constexpr(2.0**-8)
+PRESCALE_UP = tl.constexpr(2.0**8)
 
 
 @triton.jit
 def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
-    """``(NB, 32)`` uniforms in [0, 1) for the MX blocks at (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
-    # One Philox call gives four 32-bit draws: group g of a row feeds its elements 4g..4g+3.
-    groups = (rows.to(tl.int64) * (n_cols // 4) + cblk * 8)[:, None] + tl.arange(0, 8)[None, :]
-    r0, r1, r2, r3 = tl.randint4x(seed, groups)
-    draws = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 32))
-    return tl.uint_to_uniform_float(draws)
+    """``(NB, 32)`` fp32 ``1 + u`` with u uniform on the 16-bit grid of [0, 1), for the MX blocks at
+    (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
+    # One Philox call gives four 32-bit draws, two 16-bit ones each: call c of a row feeds its
+    # elements 8c..8c+7. The 16 bits go to the top of an fp32 mantissa over the exponent of 1.
+    calls = (rows.to(tl.int64) * (n_cols // 8) + cblk * 4)[:, None] + tl.arange(0, 4)[None, :]
+    r0, r1, r2, r3 = tl.randint4x(seed, calls)
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 16))
+    lo = ((w << 7) & 0x7FFF80) | 0x3F800000
+    hi = ((w >> 9) & 0x7FFF80) | 0x3F800000
+    return tl.reshape(tl.join(lo, hi), (NB, 32)).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _hadamard_sums(t, h, BR: tl.constexpr, BC: tl.constexpr, HS: tl.constexpr, DOT_FP32: tl.constexpr):
+    """The ±1 sums ``(BR·BC/32, 32)`` of each HS-block of ``t (BR, BC)`` by the permuted matrix ``h``."""
+    a = tl.reshape(t, (BR * BC // HS, HS))
+    if a.dtype == tl.float32:
+        # Three exact 8-bit pieces (bf16 on the GPU): three bf16 products replace 32 fp32
+        # FMAs a value. In the interpreter the pieces stay fp32 (its bf16 tl.dot is wrong).
+        hi = (a.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+        rest = a - hi
+        mid = (rest.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
+        lo = rest - mid
+        op_dtype = tl.float32 if DOT_FP32 else tl.bfloat16
+        h = h.to(op_dtype)
+        acc = tl.dot(hi.to(op_dtype), h)
+        acc = tl.dot(mid.to(op_dtype), h, acc)
+        acc = tl.dot(lo.to(op_dtype), h, acc)
+    elif DOT_FP32:
+        acc = tl.dot(to_fp32(a), h)
+    else:
+        acc = tl.dot(a, h.to(a.dtype))
+    # H's columns are permuted (see _hadamard_pm1): this (j, t) swap restores the order without
+    # moving data between lanes.
+    acc = tl.permute(tl.reshape(acc, (BR * BC // HS, HS // 8, 4, 2)), (0, 2, 1, 3))
+    return tl.reshape(acc, (BR * BC // 32, 32))
+
+
+@triton.jit
+def _block_max_bits(s):
+    """Block max of |s| on the bit patterns ``(NB,)``: integer order is float order for |s|, and NaN
+    and Inf sort above every finite value, so the same max finds the bad blocks."""
+    return tl.max(s.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
 
 
 @triton.jit
 def _quantize_store(
-    t, row0, col0, n_rows, n_cols,
-    codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
-    BR: tl.constexpr, BC: tl.constexpr,
-    HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr,
+    t, x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols,
+    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
+    BR: tl.constexpr, BC: tl.constexpr, HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr,
+    SR: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, FP8: tl.constexpr, AMAX: tl.constexpr,
 ):
-    """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns; store it."""
+    """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns;
+    store what the flags ask for. The operand is ``x_ptr`` with strides ``(stride_r, stride_c)``, from
+    which the rare overflow path reloads the tile (so that ``t`` need not stay live in registers)."""
     NB: tl.constexpr = BR * BC // 32
+    SB: tl.constexpr = BC // 32  # MX blocks of a tile row
+    b = tl.arange(0, NB)
+    rows = (row0 + b // SB).to(tl.int64)  # of each block
+    cblk = col0 // 32 + b % SB
+    ok = (rows < n_rows) & (cblk < n_cols // 32)
+    if AMAX:
+        # max |x| of each output row, before signs and transform: bit patterns again (int atomics;
+        # a NaN row stays NaN); padding is 0, the int32 view of the zero-initialised fp32 output.
+        r = row0 + tl.arange(0, BR)
+        tl.atomic_max(amax_ptr + r, tl.max(to_fp32(t).to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1),
+                      mask=r < n_rows, sem="relaxed")
     cols = col0 + tl.arange(0, BC)
     if HAS_SIGNS:
-        t = flip_sign(t, (tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0) < 0)[None, :])
+        flip = (tl.load(signs_ptr + cols, mask=cols < n_cols, other=1.0) < 0)[None, :]
+        t = flip_sign(t, flip)
+    pexp = tl.zeros((NB,), tl.int32)  # log2 of each block's pre-scale (PRESCALE where its sums overflowed)
     if HADAMARD:
-        # The ±1 Sylvester matrix with its columns permuted (see _hadamard_pm1): the (j, t) swap
-        # below restores the order without moving data between lanes.
         i = tl.arange(0, HS)
         h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
-        a = tl.reshape(t, (BR * BC // HS, HS))
-        if a.dtype == tl.float32:
-            # Three exact 8-bit pieces (bf16 on the GPU): three bf16 products replace 32 fp32
-            # FMAs a value. In the interpreter the pieces stay fp32 (its bf16 tl.dot is wrong).
-            hi = (a.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
-            rest = a - hi
-            mid = (rest.to(tl.int32, bitcast=True) & -65536).to(tl.float32, bitcast=True)
-            lo = rest - mid
-            op_dtype = tl.float32 if DOT_FP32 else tl.bfloat16
-            h = h.to(op_dtype)
-            acc = tl.dot(hi.to(op_dtype), h)
-            acc = tl.dot(mid.to(op_dtype), h, acc)
-            acc = tl.dot(lo.to(op_dtype), h, acc)
-        elif DOT_FP32:
-            acc = tl.dot(to_fp32(a), h)
-        else:
-            acc = tl.dot(a, h.to(a.dtype))
-        acc = tl.permute(tl.reshape(acc, (BR * BC // HS, HS // 8, 4, 2)), (0, 2, 1, 3))
-        s = tl.reshape(acc, (NB, 32))  # exact ±1 sums; the 1/√HS factor is applied below, once
+        s = _hadamard_sums(t, h, BR, BC, HS, DOT_FP32)  # exact ±1 sums; the 1/√HS factor is applied below, once
+        m_bits = _block_max_bits(s)
+        bad = m_bits > 0x7F7FFFFF
+        # Rare: a NaN/Inf input, or ±1 sums past the fp32 range (values from ~2^128/HS up; never for
+        # fp16 input), where the reference's fp64 transform is still finite. Redo the tile (reloaded)
+        # with every Hadamard group that holds a bad block scaled by 2^-PRESCALE: exact but for values
+        # ~2^-118 and below, which cannot move a block of a group whose values reach 2^121. Other
+        # groups get the same products in the same order again (bf16 as the one exact fp32 piece), so
+        # the result is a function of the group alone, whatever the tile.
+        if t.dtype != tl.float16:
+            if tl.max(bad.to(tl.int32)) != 0:
+                G: tl.constexpr = HS // 32 if HS > 32 else 1  # MX blocks of a Hadamard group
+                unit_bad = tl.reshape(tl.broadcast_to(tl.max(tl.reshape(bad.to(tl.int32), (NB // G, G)), axis=1)[:, None],
+                                                      (NB // G, G)), (NB,)) != 0
+                r_all = row0 + tl.arange(0, BR)
+                t = tl.load(x_ptr + r_all.to(tl.int64)[:, None] * stride_r + cols.to(tl.int64)[None, :] * stride_c,
+                            mask=(r_all < n_rows)[:, None] & (cols < n_cols)[None, :], other=0.0)
+                if HAS_SIGNS:
+                    t = flip_sign(t, flip)
+                down = tl.where(unit_bad, PRESCALE_DOWN, 1.0)
+                s = _hadamard_sums(tl.reshape(tl.reshape(to_fp32(t), (NB, 32)) * down[:, None], (BR, BC)), h,
+                                   BR, BC, HS, DOT_FP32)
+                # A block that cancels to tiny values takes them back at full scale (exact: far from
+                # overflow), so that no scale needs a factor above 2^127.
+                big = _block_max_bits(s) >= 0x0B800000  # 2^-104
+                s = tl.where((unit_bad & ~big)[:, None], s * PRESCALE_UP, s)
+                pexp = tl.where(unit_bad & big, PRESCALE, 0)
+                m_bits = _block_max_bits(s)
+        amax = m_bits.to(tl.float32, bitcast=True)
+        # = max |fl32(s · 1/√HS)| (rounding is monotone), times the pre-scale: inf where the
+        # reference's fp32 transform overflows.
+        amax = tl.fma(amax, c_hi, amax * c_lo)
+        amax_bits = (amax * exp2_int(pexp)).to(tl.int32, bitcast=True)
     else:
         s = tl.reshape(to_fp32(t), (NB, 32))
-    # Block max of |s| on the bit patterns: integer order is float order for |s|, and NaN and Inf
-    # sort above every finite value, so the same max finds the bad blocks.
-    m_bits = tl.max(s.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
-    bad = m_bits > 0x7F7FFFFF
-    amax = m_bits.to(tl.float32, bitcast=True)
-    if HADAMARD:
-        amax = tl.fma(amax, c_hi, amax * c_lo)  # = max |fl32(s · 1/√HS)|: rounding is monotone
+        m_bits = _block_max_bits(s)
+        amax_bits = m_bits
+        amax = amax_bits.to(tl.float32, bitcast=True)
+    bad = amax_bits > 0x7F7FFFFF
     # floor(log2 amax) - 2 from the exponent field; zero/subnormal amax clamps to byte 0.
-    scale = tl.minimum(tl.maximum((amax.to(tl.int32, bitcast=True) >> 23) - 2, 0), 254)
+    scale = tl.minimum(tl.maximum((amax_bits >> 23) - 2, 0), 254)
     if SR:
         # Saturation would bias SR: a block whose scaled amax exceeds 6 takes the next scale.
-        scale += (amax * exp2_int(127 - scale) > 6.0).to(tl.int32)
-    inv_scale = exp2_int(127 - scale)
+        scale += (amax * exp2_int(127 - scale + pexp) > 6.0).to(tl.int32)
+    inv_scale = exp2_int(127 - scale + pexp)
     if HADAMARD:
         # |s| / √HS / 2^e rounded once: (c_hi + c_lo) 2^-e is exact, the fma keeps ~48 bits.
         q = tl.fma(tl.abs(s), (c_hi * inv_scale)[:, None], tl.abs(s) * (c_lo * inv_scale)[:, None])
@@ -146,10 +228,9 @@ def _quantize_store(
     e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
     if SR:
         steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
-        down = tl.floor(steps)
-        u = _uniform_blocks(seed, row0 + tl.arange(0, NB) // (BC // 32), col0 // 32 + tl.arange(0, NB) % (BC // 32),
-                            n_cols, NB)
-        n = down.to(tl.int32) + (u < steps - down).to(tl.int32)  # up with probability frac(steps)
+        # floor(steps + u): up with probability frac(steps), to within 2^-16 (the draws' grid; the
+        # fp32 sum's rounding adds at most 2^-21). The 1 of 1 + u comes off below.
+        n = (steps + _uniform_blocks(seed, rows, cblk, n_cols, NB)).to(tl.int32) - 1
     else:
         # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
         # difference of the bit patterns is the number of steps.
@@ -158,34 +239,69 @@ def _quantize_store(
     # Binades 2^0, 2^1, 2^2 start at codes 2·(e - 127) = 0, 2, 4; 7 is 6.0 (saturation). The sign
     # bit goes on every code here; a "-0" (code 8) is cleared per word below.
     code = tl.minimum(n + (e_bits >> 22) - 254, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
-    scale = tl.where(bad, 255, scale)
 
-    # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+    # Pairs of neighbouring codes, the first level of both packings below.
     lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (NB, 4, 2)))
-    words = lo | (hi << 16)
-    # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
-    words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
-    words = tl.where(bad[:, None], 0, words)
-    b = tl.arange(0, NB)
-    rows = (row0 + b // (BC // 32)).to(tl.int64)
-    cblk = col0 // 32 + b % (BC // 32)
-    ok = (rows < n_rows) & (cblk < n_cols // 32)
-    tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 8) + cblk * 4)[:, None]
-             + tl.arange(0, 4)[None, :], words, mask=ok[:, None])
-    tl.store(scales_ptr + rows * (n_cols // 32) + cblk, scale.to(tl.uint8), mask=ok)
+    if PACKED:
+        # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+        w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
+        w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
+        words = w_lo | (w_hi << 16)
+        # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
+        words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
+        words = tl.where(bad[:, None], 0, words)
+        tl.store(codes_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 8) + cblk * 4)[:, None]
+                 + tl.arange(0, 4)[None, :], words, mask=ok[:, None])
+        tl.store(scales_ptr + rows * (n_cols // 32) + cblk, tl.where(bad, 255, scale).to(tl.uint8), mask=ok)
+    if FP8 != 0:
+        # The FP8 operand of DESIGN §3 per 128-group (1×128 segments, FP8 == 1, or 128×128 tiles,
+        # FP8 == 2), which lie whole in this tile: R = the group's largest finite block exponent.
+        GR: tl.constexpr = 1 if FP8 == 1 else 128
+        e = tl.where(bad, -127, scale - 127)
+        r = group_max(tl.reshape(e, (BR, SB)), BR, SB, GR, 4)  # (BR // GR, BC // 128)
+        t_off = e - tl.reshape(group_broadcast(r, BR, SB, GR, 4), (NB,)) + 14  # as in e4m3_bits_of_e2m1
+        # Four codes a 32-bit word, one a byte, by the same pairing as the packed codes (a word-level
+        # shuffle of the packed words would leave Triton's layouts replicated across lanes), with
+        # "-0" cleared per byte as above; then four E4M3 bytes per 32-bit operation.
+        b_lo, b_hi = tl.split(tl.reshape(lo | (hi << 8), (NB, 8, 2)))
+        quads = b_lo | (b_hi << 16)
+        quads = quads & (((quads & 0x07070707) + 0x07070707) | 0x07070707)
+        # Each word's t (NaN blocks: a sentinel below any t) through the same pairing, so that it
+        # arrives in the words' layout instead of taking them into the blocks' one.
+        tq = tl.broadcast_to(tl.where(bad, -1024, t_off)[:, None], (NB, 32))
+        tq, _ = tl.split(tl.reshape(tq, (NB, 16, 2)))
+        tq, _ = tl.split(tl.reshape(tq, (NB, 8, 2)))
+        f8 = tl.where(tq < -512, 0x7F7F7F7F, e4m3_words_fast(quads, tq))  # a NaN block is E4M3 NaN, as in the reference
+        # Byte-wise encoding holds where t >= 3; a nonzero block further below its group's R (a
+        # group spanning > 11 binades) takes the code-by-code encoding.
+        general = (t_off < 3) & (m_bits != 0) & ~bad
+        if tl.max(general.to(tl.int32)) != 0:
+            each = e4m3_bits_of_e2m1(tl.where((code & 7) == 0, 0, code), t_off[:, None])
+            f8 = tl.where(general[:, None], pack_bytes(each, NB, 32), f8)
+        tl.store(fp8_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 4) + cblk * 8)[:, None]
+                 + tl.arange(0, 8)[None, :], f8, mask=ok[:, None])
+        g = col0 // 128 + tl.arange(0, BC // 128)
+        if FP8 == 1:
+            # (n_cols/128, n_rows) contiguous: the (rows, n/128) scale with strides (1, rows) of A.
+            r_rows = row0 + tl.arange(0, BR)
+            tl.store(fp8_scale_ptr + g[None, :].to(tl.int64) * n_rows + r_rows[:, None], exp2_int(r - 6),
+                     mask=(r_rows < n_rows)[:, None] & (g < n_cols // 128)[None, :])
+        else:
+            gr = row0 // 128 + tl.arange(0, BR // 128)
+            tl.store(fp8_scale_ptr + gr[:, None] * (n_cols // 128) + g[None, :], exp2_int(r - 6),
+                     mask=(gr < n_rows // 128)[:, None] & (g < n_cols // 128)[None, :])
 
 
-@triton.jit(do_not_specialize=["seed", "seed_t"])
+@triton.jit
 def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
-    codes_ptr, scales_ptr, signs_ptr, seed,
-    codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t,
-    h_ptr, c_hi, c_lo,
+    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
+    codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
+    seed_ptr, h_ptr, c_hi, c_lo,
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
-    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr,
-    DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
+    FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
+    HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     m0 = tl.program_id(0) * BLOCK_M
     k0 = tl.program_id(1) * BLOCK_K
@@ -194,31 +310,58 @@ def _hadamard_quantize_kernel(
     ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
     x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
+    if SR:
+        # A device tensor, so that a new seed every step neither recompiles nor syncs; the along-M
+        # orientation draws from the stream with bit 62 set.
+        seed = tl.load(seed_ptr)
+        seed_t = seed | 0x4000000000000000
+    else:
+        seed = 0
+        seed_t = 0
     if ALONG_K:
-        _quantize_store(x, m0, k0, M, K, codes_ptr, scales_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
-                        BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32)
+        _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
+                        h_ptr, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
     if ALONG_M:
-        _quantize_store(tl.trans(x), k0, m0, K, M, codes_t_ptr, scales_t_ptr, signs_t_ptr, seed_t, h_ptr, c_hi, c_lo,
-                        BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32)
+        _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr,
+                        signs_t_ptr, seed_t, h_ptr, c_hi, c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR,
+                        DOT_FP32, PACKED_T, FP8_T, AMAX_T)
 
 
-def _quantized_dim_ok(config: triton.Config, kwargs: dict) -> bool:
-    unit = max(BLOCK_SIZE, kwargs["HS"])
-    return not ((kwargs["ALONG_K"] and config.kwargs["BLOCK_K"] % unit)
-                or (kwargs["ALONG_M"] and config.kwargs["BLOCK_M"] % unit))
+def _tile_units(kw: dict) -> tuple[int, int]:
+    """What BLOCK_M and BLOCK_K must be multiples of for the launch flags ``kw``: the quantized
+    dimension whole Hadamard and MX blocks (and whole 128-groups for in-kernel FP8), the other
+    whole 128-row groups for tile128."""
+    unit_m = unit_k = 1
+    if kw["ALONG_K"]:
+        unit_k = max(BLOCK_SIZE, kw["HS"] if kw["HADAMARD"] else 1, FP8_GROUP if kw["FP8"] else 1)
+        unit_m = FP8_GROUP if kw["FP8"] == 2 else 1
+    if kw["ALONG_M"]:
+        unit_m = max(unit_m, BLOCK_SIZE, kw["HS"] if kw["HADAMARD_T"] else 1, FP8_GROUP if kw["FP8_T"] else 1)
+        unit_k = max(unit_k, FP8_GROUP if kw["FP8_T"] == 2 else 1)
+    return unit_m, unit_k
+
+
+def _configs_that_fit(configs: list[triton.Config], nargs: dict, **kw) -> list[triton.Config]:
+    unit_m, unit_k = _tile_units(kw)
+    return [c for c in configs if c.kwargs["BLOCK_M"] % unit_m == 0 and c.kwargs["BLOCK_K"] % unit_k == 0]
 
 
 # 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
-# along K for one orientation, square-ish for the transposing ones. Pruned to the Hadamard size.
+# along K for one orientation, square-ish for the transposing ones, 128-multiples for the FP8
+# groups. Pruned to what the flags need (_tile_units); 128×128 fits every launch, and at 16 warps
+# it keeps the dual SR launch off local memory (104 registers a thread on the sm_90 SASS, against
+# 255 and spills at 8 warps).
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
     for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
-                     (128, 128, 8))
+                      (128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
 ]
+_FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
+          "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
 _tuned_kernel = triton.autotune(
-    _GPU_CONFIGS,
-    key=["M", "K", "ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HS", "SR", "DOT_FP32"],
-    prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: [c for c in configs if _quantized_dim_ok(c, kw)]},
+    # No reset of the AMAX outputs between timed configs: a max over the same input is idempotent
+    # (and an unused pointer argument is x itself, which a reset would zero).
+    _GPU_CONFIGS, key=["M", "K", *_FLAGS], prune_configs_by={"early_config_prune": _configs_that_fit},
 )(_hadamard_quantize_kernel)
 
 
@@ -252,12 +395,37 @@ def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
     return {"BLOCK_M": block_m, "BLOCK_K": block_k}
 
 
-class _Side(NamedTuple):
-    """One quantized orientation of X: its transform and whether it also wants the FP8 operand."""
+class Side(NamedTuple):
+    """One orientation's request to :func:`quantize`.
+
+    ``hadamard``: block-Hadamard transform before quantizing; ``signs``: ±1 (float) of the length of
+    the quantized dimension, or None. ``packed``: write E2M1 codes and E8M0 scales. ``fp8``: also the
+    exact FP8 operand in a layout of :data:`adahop.formats.FP8_LAYOUTS` (None: none). ``amax``: also
+    fp32 ``max |x|`` of each output row, before signs and transform.
+    """
 
     hadamard: bool
     signs: torch.Tensor | None
-    emit_fp8: bool
+    packed: bool = True
+    fp8: str | None = None
+    amax: bool = False
+
+
+class SideOut(NamedTuple):
+    """One orientation's outputs, ``(rows, n)`` = ``(M, K)`` along K, ``(K, M)`` along M; None where
+    not asked for.
+
+    codes ``(rows, n/2)`` uint8 (two E2M1 codes a byte, low nibble first), scales ``(rows, n/32)``
+    uint8 E8M0; fp8 ``(rows, n)`` float8_e4m3fn and fp8_scale fp32: ``"row"`` ``(rows, 1)``,
+    ``"seg128"`` ``(rows, n/128)`` with strides ``(1, rows)``, ``"tile128"`` ``(rows/128, n/128)``
+    contiguous; amax ``(rows,)`` fp32.
+    """
+
+    codes: torch.Tensor | None
+    scales: torch.Tensor | None
+    fp8: torch.Tensor | None
+    fp8_scale: torch.Tensor | None
+    amax: torch.Tensor | None
 
 
 def _check_x(x: torch.Tensor) -> None:
@@ -270,13 +438,18 @@ def _check_x(x: torch.Tensor) -> None:
     check_device(x, "x")
 
 
-def _check_side(side: _Side, n: int, dim: str, x: torch.Tensor, hadamard_size: int) -> torch.Tensor | None:
-    """Check one orientation's divisibility and signs; return the signs ready for the kernel."""
+def _check_side(side: Side, rows: int, n: int, dim: str, x: torch.Tensor, hadamard_size: int) -> torch.Tensor | None:
+    """Check one orientation's request (output ``(rows, n)``, quantized along ``dim``); return its
+    signs ready for the kernel."""
+    if not (side.packed or side.fp8 or side.amax):
+        raise ValueError(f"along_{dim.lower()} asks for no output: set packed, fp8 or amax")
     unit = max(BLOCK_SIZE, hadamard_size) if side.hadamard else BLOCK_SIZE
     if n % unit:
         what = f"the MX block size {BLOCK_SIZE}" if unit == BLOCK_SIZE else f"the Hadamard size {unit}"
         raise ValueError(f"x: the quantized dimension {dim}={n} is not a multiple of {what}; "
                          "pad it or keep this layer in BF16")
+    if side.fp8 is not None:
+        check_fp8_layout(side.fp8, rows, n, f"x quantized along {dim} ({rows} rows of {n})")
     s = side.signs
     if s is None:
         return None
@@ -290,78 +463,145 @@ def _check_side(side: _Side, n: int, dim: str, x: torch.Tensor, hadamard_size: i
     return s.contiguous()
 
 
-def _resolve_seed(rounding: str, seed: int | None) -> int:
+def _resolve_seed(rounding: str, seed: int | torch.Tensor | None, device: torch.device) -> torch.Tensor | None:
+    """The SR seed as the int64 ``(1,)`` device tensor the kernel loads; None for RNE."""
     if rounding not in ("rne", "sr"):
         raise ValueError(f"rounding must be 'rne' or 'sr', got {rounding!r}")
     if rounding == "rne":
-        return 0
+        return None
+    if isinstance(seed, torch.Tensor):
+        if seed.dtype != torch.int64 or tuple(seed.shape) != (1,):
+            raise ValueError(f"a seed tensor must be int64 of shape (1,), got {seed.dtype} of shape {tuple(seed.shape)}")
+        if seed.device != device:
+            raise ValueError(f"the seed tensor is on {seed.device} but x is on {device}")
+        return seed
     if seed is None:
         # Drawn from torch's global generator, as the reference's SR does without a seed.
-        return int(torch.randint(0, SEED_LIMIT, ()).item())
-    if not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
-        raise ValueError(f"seed must be an int in [0, 2**62), got {seed!r}")
-    return seed
+        seed = int(torch.randint(0, SEED_LIMIT, ()).item())
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT:
+        raise ValueError(f"seed must be an int in [0, 2**62) or an int64 tensor of shape (1,), got {seed!r}")
+    return torch.tensor([seed], dtype=torch.int64, device=device)
 
 
-def _quantize(
+def _allocate(side: Side | None, rows: int, n: int, device: torch.device) -> dict:
+    """The output tensors the kernel writes for ``side`` (codes and scales also for ``fp8="row"``,
+    which re-encodes them)."""
+    if side is None:
+        return {}
+    out = {}
+    if side.packed or side.fp8 == "row":
+        out["codes"] = torch.empty((rows, n // 2), dtype=torch.uint8, device=device)
+        out["scales"] = torch.empty((rows, n // BLOCK_SIZE), dtype=torch.uint8, device=device)
+    if FP8_IN_KERNEL[side.fp8]:
+        out["fp8"] = torch.empty((rows, n), dtype=torch.float8_e4m3fn, device=device)
+        shape = (n // FP8_GROUP, rows) if side.fp8 == "seg128" else (rows // FP8_GROUP, n // FP8_GROUP)
+        out["fp8_scale"] = torch.empty(shape, dtype=torch.float32, device=device)
+    if side.amax:
+        out["amax"] = torch.zeros((rows,), dtype=torch.float32, device=device)
+    return out
+
+
+def _side_out(side: Side | None, out: dict) -> SideOut | None:
+    if side is None:
+        return None
+    fp8, fp8_scale = out.get("fp8"), out.get("fp8_scale")
+    if side.fp8 == "row":
+        from adahop_kernels.fp8_reencode import fp8_reencode
+
+        fp8, fp8_scale = fp8_reencode(MXFP4Tensor(out["codes"], out["scales"]), "row")
+    elif side.fp8 == "seg128":
+        fp8_scale = fp8_scale.t()
+    return SideOut(out.get("codes") if side.packed else None, out.get("scales") if side.packed else None,
+                   fp8, fp8_scale, out.get("amax"))
+
+
+def quantize(
     x: torch.Tensor,
-    along_k: _Side | None,
-    along_m: _Side | None,
-    hadamard_size: int,
-    rounding: str,
-    seed: int | None,
-    nan_policy: str,
-) -> tuple[MXFP4Tensor | None, MXFP4Tensor | None]:
-    """Launch the kernel for the requested orientations of ``x (M, K)``; ``None`` for one not requested."""
+    along_k: Side | None,
+    along_m: Side | None,
+    *,
+    hadamard_size: int = 32,
+    rounding: str = "rne",
+    seed: int | torch.Tensor | None = None,
+    nan_policy: str = "propagate",
+) -> tuple[SideOut | None, SideOut | None]:
+    """Quantize ``x (M, K)`` along K, along M (its transpose), or both from one read; GPU or interpreter.
+
+    x: float32/bfloat16/float16, any strides. ``along_k`` gives outputs of ``(M, K)`` (quantized
+    along K), ``along_m`` of ``(K, M)`` (xᵀ quantized along M); None skips an orientation (not
+    both). The quantized dimension must be a multiple of 32, of ``hadamard_size`` (16, 32, 64 or
+    128) where transformed, and of 128 for ``fp8`` "seg128"/"tile128"; "tile128" also needs
+    the output rows to be a multiple of 128. ``rounding="sr"`` draws from ``seed``: an int in
+    [0, 2**62), an int64 ``(1,)`` tensor on x's device holding one (read by the kernel: no
+    recompile or sync when it changes), or None (one drawn from torch's generator); the draws are
+    a function of (seed, orientation, output row, output column) only. seg128/tile128 FP8 is
+    written by the quantizing pass itself; "row" re-encodes its packed codes afterwards.
+
+    Equivalent to, per requested orientation with ``xo = x`` (along K) or ``x.T`` (along M):
+    ``q = adahop.ops.hadamard_quantize_ref(xo, side.hadamard, hadamard_size, side.signs, rounding)``,
+    ``to_fp8_ref(q, side.fp8)`` and ``xo.abs().amax(1)``, bit for bit for RNE up to fp32 rounding
+    of the transform (SR draws differ, their distribution does not).
+    """
     _check_x(x)
+    if along_k is None and along_m is None:
+        raise ValueError("quantize needs along_k, along_m or both")
+    for name, side in (("along_k", along_k), ("along_m", along_m)):
+        if side is not None and not isinstance(side, Side):
+            raise TypeError(f"{name} must be a Side or None, got {type(side).__name__}")
     m, k = x.shape
     if any(s is not None and s.hadamard for s in (along_k, along_m)) and hadamard_size not in HADAMARD_SIZES:
         raise ValueError(f"the Triton kernel supports Hadamard sizes {HADAMARD_SIZES}, got {hadamard_size}")
-    signs = _check_side(along_k, k, "K", x, hadamard_size) if along_k else None
-    signs_t = _check_side(along_m, m, "M", x, hadamard_size) if along_m else None
-    seed = _resolve_seed(rounding, seed)
+    signs = _check_side(along_k, m, k, "K", x, hadamard_size) if along_k is not None else None
+    signs_t = _check_side(along_m, k, m, "M", x, hadamard_size) if along_m is not None else None
+    seed_t = _resolve_seed(rounding, seed, x.device)
     if nan_policy not in ("propagate", "raise"):
         raise ValueError(f"nan_policy must be 'propagate' or 'raise', got {nan_policy!r}")
     if nan_policy == "raise" and not torch.isfinite(x).all():
         raise ValueError("x holds NaN or Inf values and nan_policy='raise'")
 
-    def empty(rows: int, n: int) -> MXFP4Tensor:
-        return MXFP4Tensor(torch.empty((rows, n // 2), dtype=torch.uint8, device=x.device),
-                           torch.empty((rows, n // BLOCK_SIZE), dtype=torch.uint8, device=x.device))
-
-    out_k = empty(m, k) if along_k else None
-    out_m = empty(k, m) if along_m else None
+    out_k, out_m = _allocate(along_k, m, k, x.device), _allocate(along_m, k, m, x.device)
     if m and k:
         c_hi, c_lo = _scale_split(hadamard_size)
-        args = dict(
-            x_ptr=x, stride_m=x.stride(0), stride_k=x.stride(1), M=m, K=k,
-            codes_ptr=out_k.codes if out_k else x, scales_ptr=out_k.scales if out_k else x,
-            signs_ptr=signs if signs is not None else x, seed=seed,
-            codes_t_ptr=out_m.codes if out_m else x, scales_t_ptr=out_m.scales if out_m else x,
-            signs_t_ptr=signs_t if signs_t is not None else x, seed_t=seed | TRANSPOSED_STREAM,
-            h_ptr=_hadamard_pm1(hadamard_size, x.device) if hadamard_size in HADAMARD_SIZES else x,
-            c_hi=c_hi, c_lo=c_lo,
+        flags = dict(
             ALONG_K=along_k is not None, ALONG_M=along_m is not None,
             HADAMARD=bool(along_k and along_k.hadamard), HADAMARD_T=bool(along_m and along_m.hadamard),
             HAS_SIGNS=signs is not None, HAS_SIGNS_T=signs_t is not None,
+            PACKED="codes" in out_k, PACKED_T="codes" in out_m,
+            FP8=FP8_IN_KERNEL[along_k.fp8] if along_k else 0, FP8_T=FP8_IN_KERNEL[along_m.fp8] if along_m else 0,
+            AMAX="amax" in out_k, AMAX_T="amax" in out_m,
             HS=hadamard_size if hadamard_size in HADAMARD_SIZES else 32, SR=rounding == "sr",
             # bf16/fp16 operands give garbage in the interpreter's tl.dot.
             DOT_FP32=INTERPRETED,
         )
+
+        def ptr(out: dict, name: str, view=None) -> torch.Tensor:
+            t = out.get(name)
+            return x if t is None else t if view is None else t.view(view)
+
+        args = dict(
+            x_ptr=x, stride_m=x.stride(0), stride_k=x.stride(1), M=m, K=k,
+            codes_ptr=ptr(out_k, "codes"), scales_ptr=ptr(out_k, "scales"), fp8_ptr=ptr(out_k, "fp8", torch.uint8),
+            fp8_scale_ptr=ptr(out_k, "fp8_scale"), amax_ptr=ptr(out_k, "amax", torch.int32),
+            signs_ptr=signs if signs is not None else x,
+            codes_t_ptr=ptr(out_m, "codes"), scales_t_ptr=ptr(out_m, "scales"),
+            fp8_t_ptr=ptr(out_m, "fp8", torch.uint8), fp8_scale_t_ptr=ptr(out_m, "fp8_scale"),
+            amax_t_ptr=ptr(out_m, "amax", torch.int32), signs_t_ptr=signs_t if signs_t is not None else x,
+            seed_ptr=seed_t if seed_t is not None else x,
+            h_ptr=_hadamard_pm1(hadamard_size, x.device) if hadamard_size in HADAMARD_SIZES else x,
+            c_hi=c_hi, c_lo=c_lo, **flags,
+        )
         if INTERPRETED:
-            unit = max(BLOCK_SIZE, args["HS"])
-            blocks = _interpreter_blocks(m, k, unit if along_m else BLOCK_SIZE, unit if along_k else BLOCK_SIZE)
+            unit_m, unit_k = _tile_units(flags)
+            blocks = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
             grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
             _hadamard_quantize_kernel[grid](**args, **blocks)
         else:
             _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
+    return _side_out(along_k, out_k), _side_out(along_m, out_m)
 
-    for out, side in ((out_k, along_k), (out_m, along_m)):
-        if out is not None and side.emit_fp8:
-            from adahop_kernels.fp8_reencode import fp8_reencode
 
-            out.fp8, out.fp8_scale = fp8_reencode(out)
-    return out_k, out_m
+def _mxfp4(out: SideOut) -> MXFP4Tensor:
+    return MXFP4Tensor(out.codes, out.scales, out.fp8, out.fp8_scale)
 
 
 def hadamard_quantize(
@@ -372,7 +612,7 @@ def hadamard_quantize(
     hadamard_size: int = 32,
     signs: torch.Tensor | None = None,
     rounding: str = "rne",
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
     emit_fp8: bool = False,
     nan_policy: str = "propagate",
 ) -> MXFP4Tensor:
@@ -382,16 +622,15 @@ def hadamard_quantize(
     ``(M, K)``; ``transpose=True``: along M, returns the transpose ``(K, M)``. The quantized
     dimension must be a multiple of 32 and, with ``hadamard``, of ``hadamard_size`` (16, 32, 64
     or 128). ``signs``: ±1, the length of the quantized dimension. ``rounding="sr"`` draws from
-    ``seed`` (an int in [0, 2**62); ``None`` draws one from torch's generator). ``emit_fp8`` adds
-    the exact FP8 row-scaled operand.
+    ``seed`` (as in :func:`quantize`). ``emit_fp8`` adds the exact FP8 row-scaled operand.
 
     Equivalent to ``adahop.ops.hadamard_quantize_ref(x.T if transpose else x, ...)`` (bit-exact
     for RNE up to fp32 rounding of the transform; SR draws differ, their distribution does not).
     """
-    side = _Side(hadamard, signs, emit_fp8)
-    out_k, out_m = _quantize(x, None if transpose else side, side if transpose else None,
-                             hadamard_size, rounding, seed, nan_policy)
-    return out_m if transpose else out_k
+    side = Side(hadamard, signs, fp8="row" if emit_fp8 else None)
+    out_k, out_m = quantize(x, None if transpose else side, side if transpose else None,
+                            hadamard_size=hadamard_size, rounding=rounding, seed=seed, nan_policy=nan_policy)
+    return _mxfp4(out_m if transpose else out_k)
 
 
 def hadamard_quantize_dual(
@@ -403,7 +642,7 @@ def hadamard_quantize_dual(
     signs: torch.Tensor | None = None,
     signs_t: torch.Tensor | None = None,
     rounding: str = "rne",
-    seed: int | None = None,
+    seed: int | torch.Tensor | None = None,
     emit_fp8: bool = False,
     emit_fp8_t: bool = False,
     nan_policy: str = "propagate",
@@ -417,5 +656,7 @@ def hadamard_quantize_dual(
     Equivalent to ``(hadamard_quantize(x, hadamard=hadamard, signs=signs, ...),
     hadamard_quantize(x, transpose=True, hadamard=hadamard_t, signs=signs_t, ...))``, bit for bit.
     """
-    return _quantize(x, _Side(hadamard, signs, emit_fp8), _Side(hadamard_t, signs_t, emit_fp8_t),
-                     hadamard_size, rounding, seed, nan_policy)
+    out_k, out_m = quantize(x, Side(hadamard, signs, fp8="row" if emit_fp8 else None),
+                            Side(hadamard_t, signs_t, fp8="row" if emit_fp8_t else None),
+                            hadamard_size=hadamard_size, rounding=rounding, seed=seed, nan_policy=nan_policy)
+    return _mxfp4(out_k), _mxfp4(out_m)

@@ -1,14 +1,19 @@
-"""Figure 7: end-to-end training throughput per recipe — speed against BF16, MFU, peak memory.
+"""Figure 7: end-to-end training throughput per recipe — speed against BF16, MFU, GPU-busy share, memory.
 
 Reads results/throughput/<profile>/<run>.json (experiments/pretrain.py --throughput-only, one file
-per run of the profile's ``throughput`` section). Each record is one recipe measured in that run's
+per run of the profile's ``throughput`` sections). Each record is one recipe measured in that run's
 process: ``model``, ``world_size``, ``batch_size`` (per rank), ``seq_len``, ``compile``,
 ``timed_steps``, ``tokens_per_s`` (all ranks), ``mfu`` (null on a CPU: no peak FLOP/s) and
-``peak_mem_gib`` (CUDA: ``max_memory_allocated`` of rank 0; CPU: the process's peak resident set).
+``peak_mem_gib`` (CUDA: ``max_memory_allocated`` of rank 0; CPU: the process's peak resident set);
+where the file has them, ``peer`` (``torchao`` for torchao's float8 training, the peers of adahop's
+recipes), ``fsdp`` (FSDP2 instead of DDP) and ``gpu_busy`` (its ``busy_fraction``: the share of
+wall time the GPU had work; files without these fields draw as adahop recipes, DDP, and "n/a").
 
-Panels, one group of bars per run (file), one bar per recipe: tokens/s as a ratio to the bf16
-record of the same file (timed in the same process; a run without bf16 gets no ratio, and says
-so), MFU, and peak memory.
+Panels, one group of bars per run (file; runs ordered by model size, then GPUs), one bar per
+recipe (bf16 first, then the torchao peers, hatched, then adahop's recipes in the registry's
+order): tokens/s as a ratio to the bf16 record of the same file (timed in the same process; a run
+without bf16 gets no ratio, and says so), MFU, the GPU-busy share of wall time (well under 100%:
+the GPU waits for the host), and peak memory.
 """
 
 from __future__ import annotations
@@ -17,10 +22,14 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 
 import common
 
+# torchao's float8 peers: their own colours (the registry's palette is adahop's recipes') and hatching.
+PEER_COLOURS = {"float8-tensorwise": (0.35, 0.45, 0.75), "float8-rowwise": (0.15, 0.25, 0.55)}
+PEER_HATCH = "//"
 REQUIRED = ("model", "recipe", "world_size", "batch_size", "seq_len", "compile", "timed_steps", "tokens_per_s",
             "mfu", "peak_mem_gib")
 HEADER_ROWS = 1.4  # a run's two-line heading takes this many bar rows
@@ -42,14 +51,37 @@ def short(value: float) -> str:
     return f"{value:.3g}"
 
 
+def is_peer(record: Any) -> bool:
+    """A torchao float8 peer: said by the record (``peer``), or by its name in a file without that field."""
+    peer = getattr(record, "peer", None)
+    return (isinstance(peer, str) and bool(peer)) or record.recipe in PEER_COLOURS
+
+
+def order(recipes: pd.Series) -> list[str]:
+    """bf16, then the float8 peers, then adahop's recipes in the registry's order."""
+    present = list(recipes)
+    peers = [r for r in PEER_COLOURS if r in present]
+    rest = common.recipe_order([r for r in present if r not in peers and r != "bf16"])
+    return (["bf16"] if "bf16" in present else []) + peers + rest
+
+
+def busy(record: Any) -> float | None:
+    """The record's GPU-busy share of wall time, or None (a CPU, or a file without the field)."""
+    split = getattr(record, "gpu_busy", None)
+    return split.get("busy_fraction") if isinstance(split, dict) else None
+
+
 def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
-    """Run name and commit, then model, mode, where, tokens per rank and the steps timed."""
+    """Run name and commit, then model, mode, where (with DDP or FSDP2), tokens per rank and the steps timed."""
     prov = doc["provenance"]
     commit = str(prov.get("git_commit") or "unknown commit")[:7] + (" dirty" if prov.get("git_dirty") else "")
     first = recs.iloc[0]
     n = int(first["world_size"])
     cuda = (prov.get("device") or {}).get("type") == "cuda"
     where = f"{n} GPU{'s' if n > 1 else ''}" if cuda else f"CPU, {n} process{'es' if n > 1 else ''}"
+    if n > 1:
+        fsdp = first.get("fsdp")  # absent (NaN) in a file without the field: DDP
+        where += ", FSDP2" if isinstance(fsdp, (bool, np.bool_)) and fsdp else ", DDP"
     untimed = (prov.get("config") or {}).get("untimed_steps", "?")
     return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit})\n"
             f"{first['model']}, {'compiled' if first['compile'] else 'eager'}, {where}, "
@@ -58,13 +90,14 @@ def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
 
 
 def layout(docs: list[dict[str, Any]], recs: pd.DataFrame) -> list[Row]:
-    """The rows from top to bottom: each run's heading, then its recipes in the registry's order."""
+    """The rows from top to bottom: each run's heading, then its recipes (:func:`order`); runs by
+    model size, then number of ranks (otherwise in the order given)."""
     rows, y = [], 0.0
-    for doc in docs:
-        run = recs[recs["path"] == doc["path"]]
-        if run.empty:
-            continue
-        run = run.set_index("recipe").loc[common.recipe_order(run["recipe"])].reset_index()
+    runs = [(doc, recs[recs["path"] == doc["path"]]) for doc in docs]
+    runs = sorted([r for r in runs if not r[1].empty],
+                  key=lambda r: (float(r[1]["params"].iloc[0]) if "params" in r[1] else 0.0, int(r[1]["world_size"].iloc[0])))
+    for doc, run in runs:
+        run = run.set_index("recipe").loc[order(run["recipe"])].reset_index()
         bf16 = float(run.loc[run["recipe"] == "bf16", "tokens_per_s"].iloc[0]) if (run["recipe"] == "bf16").any() else None
         rows.append(Row(y + (HEADER_ROWS - 1) / 2, heading(doc, run), None, bf16))
         y += HEADER_ROWS
@@ -86,7 +119,9 @@ def bars(ax, rows: list[Row], value, text, note: str) -> None:
             ax.text(0.01, row.y, note.format(tps=short(row.record.tokens_per_s)), transform=ax.get_yaxis_transform(),
                     va="center", fontsize="small", color="dimgray", style="italic")
             continue
-        ax.barh(row.y, v, height=0.8, color=palette.get(row.label, "gray"))
+        peer = is_peer(row.record)
+        ax.barh(row.y, v, height=0.8, color=PEER_COLOURS.get(row.label, palette.get(row.label, "gray")),
+                hatch=PEER_HATCH if peer else None, edgecolor="white" if peer else None)
         ax.text(v + 0.01 * max(values), row.y, text(row, v), va="center", fontsize="small",
                 bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})  # over the bf16 line
     if values:
@@ -103,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
 
     common.style()
     height = rows[-1].y + 1 if rows else 1
-    fig, axes = plt.subplots(1, 3, figsize=(17, 1.6 + 0.3 * height), sharey=True,
-                             gridspec_kw={"width_ratios": [1.3, 1, 1]})
+    fig, axes = plt.subplots(1, 4, figsize=(21, 1.6 + 0.3 * height), sharey=True,
+                             gridspec_kw={"width_ratios": [1.3, 1, 1, 1]})
     ax = axes[0]
     bars(ax, rows, lambda r: r.record.tokens_per_s / r.bf16_tokens_per_s if r.bf16_tokens_per_s else None,
          lambda r, v: f"{v:.2f}× · {short(r.record.tokens_per_s)} tok/s",
@@ -122,11 +157,18 @@ def main(argv: list[str] | None = None) -> None:
     ax.set_xlabel("MFU (% of the device's dense bf16 peak)")
 
     ax = axes[2]
+    bars(ax, rows, lambda r: None if busy(r.record) is None else 100 * busy(r.record), lambda r, v: f"{v:.0f}%",
+         "n/a (not measured: CPU, or a file without it)")
+    ax.set_title("GPU busy share of wall time")
+    ax.set_xlabel("% of wall time with GPU work (profiled steps)")
+
+    ax = axes[3]
     bars(ax, rows, lambda r: r.record.peak_mem_gib, lambda r, v: f"{v:.3g}", "")
     ax.set_title("peak memory of the timed steps")
     ax.set_xlabel("GiB (CUDA: allocated, rank 0; CPU: process peak RSS)")
 
-    axes[0].set_yticks([r.y for r in rows], [r.label for r in rows])
+    axes[0].set_yticks([r.y for r in rows],
+                       [f"{r.label} (torchao)" if r.record is not None and is_peer(r.record) else r.label for r in rows])
     for tick, row in zip(axes[0].get_yticklabels(), rows):
         if row.record is None:
             tick.set_fontweight("bold")
@@ -134,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     for ax in axes:
         ax.grid(axis="y", visible=False)
     fig.suptitle(f"End-to-end training throughput per recipe — {common.device_label(docs)} "
-                 "(random tokens; every run's recipes timed in one process after its untimed steps)")
+                 "(random tokens; every run's recipes timed in one process after its untimed steps; "
+                 "hatched: torchao float8 peers)")
     common.save(fig, args, docs)
 
 

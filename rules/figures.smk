@@ -20,9 +20,10 @@ FIGURE_INPUTS = {
 }
 if CALIBRATING_RUNS:  # a profile without adahop has no strategy map to draw
     FIGURE_INPUTS["fig8_strategy_map"] = [results_path("strategies", run) for run in CALIBRATING_RUNS]
-# Figures of per-run results (pretraining, lm-eval): with committed results, drawn from the runs
-# committed so far while a campaign is under way (common.smk, results_inputs).
-PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval", "fig8_strategy_map", "fig9_train_time", "fig10_paired_gaps")
+# Figures of per-run results (pretraining, lm-eval, throughput runs): with committed results, drawn
+# from the runs committed so far while a campaign is under way (common.smk, results_inputs).
+PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval", "fig7_e2e_throughput", "fig8_strategy_map", "fig9_train_time",
+                   "fig10_paired_gaps")
 # Read beside the results: the paper's own numbers, each citing its table.
 FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
 # Library code a figure computes with (a change there redraws it): figure 3's gap to bf16 is

@@ -52,7 +52,7 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
     with open(path, "wb") as f:
         f.write(kernel.asm["cubin"])
     sass = subprocess.run([f"{BIN}/nvdisasm", "-c", path], capture_output=True, text=True, check=True).stdout
-    n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4}\*/", line))
+    n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line))
     usage = subprocess.run([f"{BIN}/cuobjdump", "--dump-resource-usage", path], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
     return n * num_warps / values, int(regs.group(1)) if regs else -1
@@ -60,12 +60,14 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
 
 def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flags) -> tuple[float, int]:
     constexprs = dict(ALONG_K=True, ALONG_M=False, HADAMARD=True, HADAMARD_T=False, HAS_SIGNS=False,
-                      HAS_SIGNS_T=False, HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k)
+                      HAS_SIGNS_T=False, PACKED=True, PACKED_T=True, FP8=0, FP8_T=0, AMAX=False, AMAX_T=False,
+                      HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k)
     constexprs.update(flags)
-    args = {"x_ptr": dtype, "stride_m": "i32", "stride_k": 1, "M": "i32", "K": "i32",
-            "codes_ptr": "*u8", "scales_ptr": "*u8", "signs_ptr": "*fp32", "seed": "i64",
-            "codes_t_ptr": "*u8", "scales_t_ptr": "*u8", "signs_t_ptr": "*fp32", "seed_t": "i64",
-            "h_ptr": "*fp32", "c_hi": "fp32", "c_lo": "fp32", **constexprs}
+    side = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "fp8_scale_ptr": "*fp32",
+            "amax_ptr": "*i32", "signs_ptr": "*fp32"}
+    args = {"x_ptr": dtype, "stride_m": "i32", "stride_k": 1, "M": "i32", "K": "i32", **side,
+            **{k.replace("_ptr", "_t_ptr"): v for k, v in side.items()},
+            "seed_ptr": "*i64", "h_ptr": "*fp32", "c_hi": "fp32", "c_lo": "fp32", **constexprs}
     return sass_per_value(hq._hadamard_quantize_kernel, args, num_warps, block_m * block_k)
 
 
@@ -79,6 +81,14 @@ VARIANTS = {
     "along K, RNE, H32, fp32 in": dict(dtype="*fp32"),
     "along M, RNE, H32 (128x64)": dict(ALONG_K=False, ALONG_M=True, HADAMARD_T=True, block_m=128, block_k=64),
     "dual, RNE, H32 (128x64)": dict(ALONG_M=True, HADAMARD_T=True, block_m=128, block_k=64),
+    # The layer's steps (tests/bench/test_bench_quantize.py): X in the forward, W, dY in the backward.
+    "X: K seg128 fp8 + M packed (128x128)": dict(ALONG_M=True, HADAMARD_T=True, PACKED=False, FP8=1,
+                                                 block_m=128, block_k=128, num_warps=8),
+    "W: K tile128 + M tile128 (128x128)": dict(ALONG_M=True, HADAMARD_T=True, PACKED=False, PACKED_T=False,
+                                               FP8=2, FP8_T=2, block_m=128, block_k=128, num_warps=8),
+    "dY: K seg128 + M seg128, SR (128x128)": dict(ALONG_M=True, HADAMARD_T=True, PACKED=False, PACKED_T=False,
+                                                  FP8=1, FP8_T=1, SR=True, block_m=128, block_k=128, num_warps=8),
+    "along K, RNE, H32, seg128 fp8 only": dict(PACKED=False, FP8=1, block_k=256),
 }
 
 
@@ -96,6 +106,10 @@ def main() -> None:
             "K": "i32", "BLOCK_M": 8, "BLOCK_K": 1024}
     per_value, regs = sass_per_value(fr._fp8_reencode_kernel, args, 4, 8 * 1024)
     print(f"fp8_reencode (8x1024, both paths)       <= {per_value:.3f} warp-instr/value  {regs} regs")
+    args = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "group_scale_ptr": "*fp32", "M": "i32",
+            "K": "i32", "GROUP_M": 128, "BLOCK_M": 128, "BLOCK_K": 256}
+    per_value, regs = sass_per_value(fr._fp8_group_kernel, args, 8, 128 * 256)
+    print(f"fp8_reencode tile128 (128x256, both paths) <= {per_value:.3f} warp-instr/value  {regs} regs")
 
 
 if __name__ == "__main__":

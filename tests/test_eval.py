@@ -138,6 +138,65 @@ def test_lambada_rebuilt_text_gives_the_shipped_requests(tmp_path, offline):
         assert task.doc_to_target(doc) == req["continuation"]
 
 
+# ----------------------------------------------------------------------------- relocatable task folders
+
+
+def _paths_named_in(text: str, paths) -> list[str]:
+    return [str(p) for p in paths if str(p) in text]
+
+
+def test_written_task_yamls_name_no_file_of_the_installation(tmp_path):
+    import lm_eval
+
+    ev.write_task_configs(tmp_path, list(ev.BENCHMARKS))
+    install = [Path(sys.prefix), Path(lm_eval.__file__).parent, ev.default_data_root(), REPO]
+    for path in sorted(tmp_path.glob("*.yaml")):
+        text = path.read_text()
+        assert not _paths_named_in(text, install), f"{path.name} names {_paths_named_in(text, install)}"
+        assert "include:" not in text and "class: !function adahop.eval.StockTask" in text
+
+
+def test_a_task_folder_copied_elsewhere_loads_the_same_tasks(tmp_path):
+    import shutil
+
+    from lm_eval.tasks import TaskManager
+
+    names = ["arc_challenge", "boolq", "hellaswag"]  # an include chain, a column adapter, stock utils hooks
+    ev.write_task_configs(tmp_path / "written", names)
+    shutil.copytree(tmp_path / "written", tmp_path / "elsewhere" / "tasks")
+    shutil.rmtree(tmp_path / "written")
+    # The same tasks through lm-eval's own include of the stock YAML (what the written ones stand for).
+    (tmp_path / "included").mkdir()
+    for name in names:
+        text = (tmp_path / "elsewhere" / "tasks" / f"{name}.yaml").read_text()
+        text = text.replace("class: !function adahop.eval.StockTask", f"include: {ev.stock_task_yaml(name)}")
+        (tmp_path / "included" / f"{name}.yaml").write_text(text)
+    moved = TaskManager(include_path=str(tmp_path / "elsewhere" / "tasks"), include_defaults=False).load(names)["tasks"]
+    stock = TaskManager(include_path=str(tmp_path / "included"), include_defaults=False).load(names)["tasks"]
+    for name in names:
+        got, want = moved[name].config.to_dict(), stock[name].config.to_dict()
+        for config in (got, want):
+            config["metadata"].pop("config_source")
+        assert got == want, name
+        assert len(moved[name].validation_docs()) == len(ev.load_benchmark_data(name)["validation"])
+
+
+def test_the_stock_definition_is_found_when_lm_eval_loads_the_task(tmp_path, monkeypatch):
+    """Written with one lm-eval, loaded with another: the loading one's stock YAML is used."""
+    import shutil
+
+    from lm_eval.tasks import TaskManager
+
+    ev.write_task_configs(tmp_path / "tasks", ["piqa"])
+    other = tmp_path / "other-install" / "piqa"
+    shutil.copytree(ev.stock_task_yaml("piqa").parent, other)
+    stock = yaml.safe_load((other / "piqa.yaml").read_text())
+    (other / "piqa.yaml").write_text(yaml.safe_dump({**stock, "metadata": {"version": 99.0}}))
+    monkeypatch.setattr(ev, "stock_task_yaml", lambda name: other / "piqa.yaml")
+    task = TaskManager(include_path=str(tmp_path / "tasks"), include_defaults=False).load(["piqa"])["tasks"]["piqa"]
+    assert task.config.metadata["version"] == 99.0
+
+
 def test_boolq_label_follows_answer():
     ds = ev.load_benchmark_data("boolq")["validation"]
     assert ds["label"] == [int(a) for a in ds["answer"]]
@@ -272,8 +331,10 @@ def test_adahop_convert_forward_is_evaluated(from_dir, tiny, offline):
 
 
 def test_lm_eval_cli_on_the_exported_dir(from_dir, tiny, tmp_path):
-    """`lm_eval --model hf --include_path <generated>` in a fresh offline process: same numbers."""
-    ev.write_task_configs(tmp_path / "tasks", ["arc_easy", ev.CORPUS_TASK], corpus_dir=tiny["corpus"], document_tokens=128)
+    """`lm_eval --model hf --include_path <generated>` in a fresh offline process: same numbers,
+    from a task folder moved after writing (it names no path of where it was written)."""
+    ev.write_task_configs(tmp_path / "written", ["arc_easy", ev.CORPUS_TASK], corpus_dir=tiny["corpus"], document_tokens=128)
+    (tmp_path / "written").rename(tmp_path / "tasks")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     cmd = [
         str(Path(sys.executable).with_name("lm_eval")), "--model", "hf",

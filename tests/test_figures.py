@@ -52,8 +52,7 @@ def run_main(path: Path, *argv) -> int | None:
 
 def script(name: str) -> Path:
     path = ROOT / "experiments" / f"{name}.py"
-    if not path.exists():
-        pytest.skip(f"experiments/{name}.py is not written yet")
+    assert path.is_file(), f"stage script experiments/{name}.py is missing"
     return path
 
 
@@ -143,16 +142,18 @@ def bench_results(work, profile) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def throughput_results(work, profile) -> list[Path]:
-    """A CPU run of the real script (bf16 and mxfp4: MFU null), and a 2-GPU run without bf16 made
-    from its records (a GPU cannot be measured here)."""
+    """A CPU run of the real script (bf16 and mxfp4: MFU null), and a 2-GPU FSDP2 run without bf16
+    made from its records, with a torchao peer and GPU-busy shares (a GPU cannot be measured here)."""
     cpu = work / "results" / "throughput" / "tiny_cpu.json"
     run_main(script("pretrain"), "--config", profile, "--throughput-only", "--model", "tiny", "--recipe", "bf16,mxfp4",
              "--untimed-steps", 1, "--steps", 2, "--vocab-size", 256, "--device", "cpu", "--no-progress",
              "--results", cpu)
     doc = read_results(cpu)
     gpu = work / "results" / "throughput" / "tiny_ddp2_no_bf16.json"
-    records = [{**doc["records"][1], "recipe": recipe, "world_size": 2, "mfu": mfu, "peak_mem_gib": gib}
-               for recipe, mfu, gib in (("mxfp4", 0.2, 3.0), ("adahop", 0.15, 3.5))]
+    records = [{**doc["records"][1], "recipe": recipe, "world_size": 2, "mfu": mfu, "peak_mem_gib": gib,
+                "peer": peer, "fsdp": True, "gpu_busy": {"busy_fraction": busy}}
+               for recipe, mfu, gib, peer, busy in (("mxfp4", 0.2, 3.0, None, 0.6), ("adahop", 0.15, 3.5, None, 0.5),
+                                                    ("float8-rowwise", 0.3, 2.5, "torchao", 0.9))]
     device = {"type": "cuda", "name": "NVIDIA H200", "capability": "9.0", "count": 2, "memory_gib": 139.8}
     write_results(gpu, records, config=doc["provenance"]["config"], extra_provenance={"device": device})
     return [cpu, gpu]
@@ -214,18 +215,41 @@ def test_e2e_throughput_figure_has_no_ratio_without_bf16_and_no_mfu_on_cpu(work,
 
     def keep(fig, args, docs):  # the panels as drawn, instead of files
         drawn["panels"] = [([p.get_width() for p in ax.patches], [t.get_text() for t in ax.texts]) for ax in fig.axes]
+        drawn["hatched"] = [bool(p.get_hatch()) for p in fig.axes[0].patches]
+        drawn["labels"] = [t.get_text() for t in fig.axes[0].get_yticklabels()]
 
     monkeypatch.setattr(figure.common, "save", keep)
     figure.main(["--out", str(work / "out" / "fig7_inspected"), *map(str, throughput_results)])
-    (ratio, ratio_texts), (mfu, mfu_texts), (memory, _) = drawn["panels"]
+    (ratio, ratio_texts), (mfu, mfu_texts), (busy, busy_texts), (memory, _) = drawn["panels"]
     cpu, gpu = (read_results(p)["records"] for p in throughput_results)
+    gpu = [gpu[2], gpu[0], gpu[1]]  # drawn peer first, then the registry's order (mxfp4 before adahop)
     # Ratios only for the run with bf16, against its own bf16; the other run's rows say why not.
     assert ratio == pytest.approx([1.0, cpu[1]["tokens_per_s"] / cpu[0]["tokens_per_s"]])
     assert sum("no bf16 record in this run: no ratio" in t for t in ratio_texts) == len(gpu)
     # MFU only for the GPU run (in %); the CPU run's rows say why not.
     assert mfu == pytest.approx([100 * r["mfu"] for r in gpu])
     assert sum("n/a" in t and "CPU" in t for t in mfu_texts) == len(cpu)
+    # The GPU-busy share where measured (in %); the CPU run's records have none.
+    assert busy == pytest.approx([100 * r["gpu_busy"]["busy_fraction"] for r in gpu])
+    assert sum("n/a" in t for t in busy_texts) == len(cpu)
     assert memory == pytest.approx([r["peak_mem_gib"] for r in cpu + gpu])
+    # The torchao peer: named as such, its bar hatched; the run's heading says FSDP2.
+    assert "float8-rowwise (torchao)" in drawn["labels"] and any("2 GPUs, FSDP2" in t for t in drawn["labels"])
+    assert drawn["hatched"] == [False, False]  # the CPU run's ratio bars; the GPU run has no ratio
+
+
+def test_e2e_throughput_figure_draws_the_committed_gpu_files_that_predate_peers(work, monkeypatch):
+    figure = load(ROOT / "paper_figs" / "fig7_e2e_throughput.py")
+    committed = sorted((ROOT / "results" / "throughput" / "gpu").glob("*.json"))
+    assert committed
+    drawn = {}
+    monkeypatch.setattr(figure.common, "save", lambda fig, args, docs: drawn.update(
+        bars=sum(len(ax.patches) for ax in fig.axes), docs=len(docs)))
+    figure.main(["--out", str(work / "out" / "fig7_committed"), *map(str, committed)])
+    runs = [read_results(p)["records"] for p in committed]
+    with_bf16 = sum(len(run) for run in runs if any(r["recipe"] == "bf16" for r in run))
+    # a ratio bar per record of a run with bf16, an MFU and a memory bar per record, no GPU-busy bar
+    assert drawn["docs"] == len(committed) and drawn["bars"] == with_bf16 + 2 * sum(map(len, runs))
 
 
 def test_figure_script_refuses_results_of_another_stage(work, profile, memory_results):

@@ -12,8 +12,10 @@ from adahop.formats import (
     MXFP4Tensor,
     dequantize_mxfp4_ref,
     e2m1_to_float,
+    fp8_group_scale,
     pack_e2m1,
     quantize_mxfp4_ref,
+    to_fp8_ref,
     to_fp8_rowwise_ref,
     unpack_e2m1,
 )
@@ -216,3 +218,74 @@ def test_nbytes_is_4_25_bits_per_value():
     q = quantize_mxfp4_ref(torch.randn(64, 256))
     assert q.nbytes() * 8 / (64 * 256) == 4.25
     assert isinstance(q, MXFP4Tensor) and q.shape == (64, 256)
+
+
+# ---- FP8 scale groups: to_fp8_ref ----------------------------------------------------------------
+
+
+def test_to_fp8_ref_row_is_the_rowwise_encoding():
+    q = quantize_mxfp4_ref(blocks_with_exponents(4, list(range(-12, 8))))
+    fp8, scale = to_fp8_ref(q, "row")
+    ref_fp8, ref_scale = to_fp8_rowwise_ref(q)
+    assert torch.equal(fp8.view(torch.uint8), ref_fp8.view(torch.uint8)) and torch.equal(scale, ref_scale)
+
+
+@pytest.mark.parametrize("layout,shape,stride", [("seg128", (256, 4), (1, 256)), ("tile128", (2, 4), (4, 1))])
+def test_to_fp8_ref_scale_layout(layout, shape, stride):
+    _, scale = to_fp8_ref(quantize_mxfp4_ref(torch.randn(256, 512)), layout)
+    assert scale.shape == shape and scale.stride() == stride and scale.dtype == torch.float32
+
+
+@pytest.mark.parametrize("layout", ["seg128", "tile128"])
+def test_to_fp8_ref_exact_when_each_group_spans_14_binades(layout):
+    # A row spans 14 + 3·10 binades, each 128-group at most 14: exact per group, not per row.
+    torch.manual_seed(0)
+    exps = [e + 10 * (i // 4) - 20 for i, e in enumerate([-7, 7, 0, 3] * 4)]
+    q = quantize_mxfp4_ref(blocks_with_exponents(128, exps))
+    fp8, scale = to_fp8_ref(q, layout)
+    deq = dequantize_mxfp4_ref(q, torch.float64)
+    assert torch.equal(fp8.double() * fp8_group_scale(scale, layout, q.shape).double(), deq)
+    fp8_row, scale_row = to_fp8_rowwise_ref(q)
+    assert not torch.equal(fp8_row.double() * scale_row.double(), deq)
+
+
+def test_to_fp8_ref_groups_are_independent():
+    # Changing one 128-group's blocks leaves every other group's bytes and scales unchanged.
+    torch.manual_seed(1)
+    x = torch.randn(128, 256)
+    y = x.clone()
+    y[:, :128] *= 2.0**20
+    for layout in ("seg128", "tile128"):
+        (fx, sx), (fy, sy) = to_fp8_ref(quantize_mxfp4_ref(x), layout), to_fp8_ref(quantize_mxfp4_ref(y), layout)
+        assert torch.equal(fx[:, 128:].view(torch.uint8), fy[:, 128:].view(torch.uint8))
+        assert torch.equal(sx[:, 1:], sy[:, 1:]) and not torch.equal(sx[:, :1], sy[:, :1])
+
+
+def test_to_fp8_ref_beyond_14_binades_loses_only_tiny_blocks_of_the_group():
+    torch.manual_seed(2)
+    q = quantize_mxfp4_ref(blocks_with_exponents(128, [7, -13, 0, 1]))  # one segment spans 20 binades
+    fp8, scale = to_fp8_ref(q, "seg128")
+    err = (fp8.double() * fp8_group_scale(scale, "seg128", q.shape).double() - dequantize_mxfp4_ref(q, torch.float64)).abs()
+    assert err[:, 32:64].max() > 0 and err[:, :32].eq(0).all() and err[:, 64:].eq(0).all()
+    assert err.max() <= 2.0**-10 * dequantize_mxfp4_ref(q, torch.float64).abs().max()
+
+
+def test_to_fp8_ref_nan_block_is_nan_and_sets_no_scale():
+    x = torch.ones(128, 256)
+    x[0, 0] = float("nan")
+    x[:, 32:64] = 2.0**10  # the second block sets R of the first segment, also in row 0
+    for layout in ("seg128", "tile128"):
+        fp8, scale = to_fp8_ref(quantize_mxfp4_ref(x), layout)
+        assert fp8[0, :32].float().isnan().all() and not fp8[1:].float().isnan().any()
+        assert scale[0, 0].item() == 2.0 ** (10 - 2 - 6)
+
+
+@pytest.mark.parametrize(
+    "shape,layout,match",
+    [((128, 96), "seg128", r"quantized dimension \(96\)"), ((64, 128), "tile128", r"rows \(64\)"),
+     ((128, 128), "col", "layout must be one of")],
+    ids=["seg-K96", "tile-rows64", "name"],
+)
+def test_to_fp8_ref_layout_errors(shape, layout, match):
+    with pytest.raises(ValueError, match=match):
+        to_fp8_ref(quantize_mxfp4_ref(torch.ones(shape)), layout)

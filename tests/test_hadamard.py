@@ -76,10 +76,70 @@ def test_random_signs_of_different_seeds_are_uncorrelated():
     assert off_diagonal.abs().max() < 4 / 65536**0.5  # 4 sigma of independent ±1 vectors
 
 
-@pytest.mark.parametrize("seed", [-1, 2**64, 1.5, True])
-def test_random_signs_reject_a_bad_seed(seed):
-    with pytest.raises(ValueError, match="seed must be an int"):
+@pytest.mark.parametrize("seed", [-1, 2**64], ids=["negative", "2**64"])
+def test_random_signs_reject_a_seed_out_of_range(seed):
+    with pytest.raises(ValueError, match=r"seed must be an int \[0, 2\*\*64\)"):
         random_signs(4, seed)
+
+
+@pytest.mark.parametrize("seed", [1.5, True, "3"], ids=["float", "bool", "str"])
+def test_random_signs_reject_a_seed_that_is_not_an_int(seed):
+    with pytest.raises(TypeError, match="seed must be an int, got"):
+        random_signs(4, seed)
+
+
+@pytest.mark.parametrize(("n", "error"), [(2.5, TypeError), (-1, ValueError)], ids=["float", "negative"])
+def test_random_signs_reject_a_bad_length(n, error):
+    with pytest.raises(error, match="n must be an int"):
+        random_signs(n, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool], ids=str)
+def test_random_signs_reject_a_dtype_that_is_not_floating(dtype):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        random_signs(4, 0, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.bool], ids=str)
+def test_hadamard_matrix_refuses_a_dtype_that_is_not_floating(dtype):
+    # ±1/sqrt(n) truncates to 0 in an integer dtype: refused rather than a matrix of zeros.
+    with pytest.raises(ValueError, match="dtype must be a floating dtype"):
+        hadamard_matrix(32, dtype=dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_hadamard_matrix_in_each_floating_dtype_is_the_fp64_one_rounded(dtype):
+    h = hadamard_matrix(32, dtype=dtype)
+    assert h.dtype == dtype and torch.equal(h, hadamard_matrix(32, torch.float64).to(dtype))
+
+
+@pytest.mark.parametrize("bad", [32.0, True, "32"], ids=["float", "bool", "str"])
+def test_block_size_that_is_not_an_int_raises_type_error(bad):
+    with pytest.raises(TypeError, match="Hadamard block size must be an int"):
+        hadamard_matrix(bad)
+
+
+@pytest.mark.parametrize(
+    ("signs", "match"),
+    [
+        (torch.full((64,), 2.0), "signs must hold only \\+1 and -1"),
+        (torch.full((64,), 0.5), "signs must hold only \\+1 and -1"),
+        (torch.ones(64, dtype=torch.int64), "signs must be a floating ±1 vector"),
+        (torch.ones(64, dtype=torch.int8), "signs must be a floating ±1 vector"),
+        (torch.ones(64, device="meta"), "signs are on meta but the input is on cpu"),
+        (torch.ones(2, 32), r"signs must have shape \(64,\)"),
+    ],
+    ids=["two", "half", "int64", "int8", "other-device", "2-D"],
+)
+def test_block_hadamard_ref_refuses_signs_the_kernel_would_read_otherwise(signs, match):
+    # The kernel flips where signs < 0; the reference multiplies: the same for ±1 only.
+    with pytest.raises(ValueError, match=match):
+        block_hadamard_ref(torch.randn(2, 64), signs=signs)
+
+
+def test_block_hadamard_ref_flips_by_the_signs():
+    x, s = torch.randn(3, 64, dtype=torch.float64), random_signs(64, 5, dtype=torch.float64)
+    assert torch.equal(block_hadamard_ref(x, signs=s), block_hadamard_ref(x * s))
 
 
 @pytest.mark.parametrize("bad", [0, 1, 24, 33], ids=lambda b: f"b{b}")

@@ -98,7 +98,7 @@ sys.exit(kc.main([]))
                          ids=["mix-specialized", "mix-not-specialized"])
 def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(tmp_path, decorator, fails):
     """``mix.to()`` compiles for mix=7 but not for mix=1, which a launch turns into a Python int:
-    the bug this check exists for. ``do_not_specialize`` fixes it; ``n`` stays specializable."""
+    a bug that passes every interpreter test. ``do_not_specialize`` fixes it; ``n`` stays specializable."""
     (tmp_path / "broken_kernel.py").write_text(BROKEN_KERNEL.format(decorator=decorator))
     proc = run_python(CHECK_BROKEN, path=tmp_path)
     out = proc.stdout

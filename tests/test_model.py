@@ -118,6 +118,24 @@ def test_preset_parameter_count_matches_its_name(name):
     assert abs(cfg.num_params() / NOMINAL_PARAMS[name] - 1) <= 0.15, f"{name}: {cfg.num_params() / 1e6:.1f}M"
 
 
+@pytest.mark.parametrize("name, shape, hf_params", [
+    # Llama-3.2-1B/-3B (config.json of meta-llama/Llama-3.2-*B): hidden, layers, heads, kv heads, ffn;
+    # their published totals at Llama 3's vocabulary of 128256 (tied embeddings counted once).
+    ("1b", (2048, 16, 32, 8, 8192), 1_235_814_400),
+    ("3b", (3072, 28, 24, 8, 8192), 3_212_749_824),
+])
+def test_llama_3_2_sizes_have_its_shapes_and_parameter_count(name, shape, hf_params):
+    cfg = LlamaConfig.from_name(name, vocab_size=128256)
+    assert (cfg.dim, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.ffn_dim) == shape
+    assert cfg.tie_embeddings and cfg.rope_theta == 500000.0
+    assert cfg.num_params() == hf_params
+    # At the reference vocabulary the table shrinks by (128256 - 32768) rows of dim, once (tied).
+    ref = LlamaConfig.from_name(name, vocab_size=REFERENCE_VOCAB)
+    assert ref.num_params() == hf_params - (128256 - REFERENCE_VOCAB) * cfg.dim
+    with torch.device("meta"):
+        assert Llama(ref).num_params() == ref.num_params()
+
+
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_preset_linear_dims_are_mx_blocks(name):
     with torch.device("meta"):

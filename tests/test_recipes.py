@@ -27,7 +27,7 @@ import adahop
 from adahop.linear import SavedTensorMeter
 from adahop.patterns import PatternDetector, planted_outliers
 from adahop.policy import REFERENCE_TABLE, Strategy
-from adahop.recipes import RECIPES, Recipe, get_recipe, recipe_from_dict
+from adahop.recipes import FIELD_TYPES, RECIPES, Recipe, get_recipe, recipe_from_dict
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -207,6 +207,70 @@ def test_overrides_are_coerced_from_plain_data():
 def test_bad_recipes_are_rejected(args, kw, err):
     with pytest.raises(err):
         get_recipe(*args, **kw)
+
+
+# One wrong type per field (bool where an int is due is wrong: True is no count of steps).
+WRONG_TYPES = {
+    "name": 3, "description": None, "fwd": 3, "dgrad": 1.0, "wgrad": ["iht"], "policy": 1,
+    "calibration_steps": 2.5, "calibration_strategy": 4, "table": 1, "detector": 3, "outlier_k": "64",
+    "hadamard_size": 32.0, "random_signs": 5, "grad_rounding": 1, "saved_rounding": None, "seed": "x",
+    "measure_tokens": True, "measured_margin": "0.1", "weight_for_backward": 0, "recalibration_interval": 2.0,
+    "bf16_wgrad_input": b"bf16",
+}
+
+
+def test_every_field_has_a_type_and_a_wrong_type_case():
+    names = [f.name for f in dataclasses.fields(Recipe)]
+    assert sorted(FIELD_TYPES) == sorted(names) == sorted(WRONG_TYPES)
+
+
+@pytest.mark.parametrize("field", list(WRONG_TYPES))
+def test_an_override_of_the_wrong_type_raises_type_error_naming_it(field):
+    value = WRONG_TYPES[field]
+    slots = {s: "iht" for s in ("fwd", "dgrad", "wgrad") if s != field} if field in ("fwd", "dgrad", "wgrad") else {}
+    with pytest.raises(TypeError, match=rf"{field} must be (a|an) .*, got {type(value).__name__} "):
+        get_recipe("mxfp4" if slots else "adahop", **{field: value}, **slots)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("outlier_k", 2.5), ("calibration_steps", 2.5), ("seed", "x"), ("outlier_k", "64"), ("outlier_k", True),
+     ("seed", False), ("hadamard_size", True)],
+    ids=["outlier_k-float", "calibration_steps-float", "seed-str", "outlier_k-str", "outlier_k-bool", "seed-bool",
+         "hadamard_size-bool"],
+)
+def test_the_overrides_a_new_user_tried_are_refused_with_the_field_and_value(field, value):
+    with pytest.raises(TypeError, match=rf"recipe 'adahop': {field} must be an int, got {type(value).__name__} {value!r}"):
+        get_recipe("adahop", **{field: value})
+
+
+def test_a_recipe_built_directly_is_type_checked_too():
+    with pytest.raises(TypeError, match="outlier_k must be an int, got float 2.5"):
+        Recipe("x", fwd=Strategy.MXFP4, dgrad=Strategy.MXFP4, wgrad=Strategy.MXFP4, outlier_k=2.5)
+    with pytest.raises(TypeError, match="random_signs must hold slot names"):
+        Recipe("x", fwd=Strategy.IHT, dgrad=Strategy.IHT, wgrad=Strategy.IHT, random_signs=frozenset({1}))
+
+
+def test_an_int_margin_is_a_float():
+    assert get_recipe("adahop-measured", measured_margin=0).measured_margin == 0
+
+
+@pytest.mark.parametrize("size", [2, 8, 256], ids=lambda s: f"h{s}")
+def test_a_hadamard_size_the_quantizers_do_not_take_is_refused(size):
+    with pytest.raises(ValueError, match=r"hadamard_size must be one of \(16, 32, 64, 128\)"):
+        get_recipe("uniform-iht", hadamard_size=size)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [({"threshold": "4"}, "detector threshold must be a float, got str"),
+     ({"dominance": None}, "detector dominance must be a float, got NoneType"),
+     ({"cross_normalize": 1}, "detector cross_normalize must be a bool, got int")],
+    ids=["threshold-str", "dominance-none", "cross_normalize-int"],
+)
+def test_detector_fields_are_type_checked(kw, match):
+    with pytest.raises(TypeError, match=match):
+        get_recipe("adahop", detector=kw)
 
 
 @pytest.mark.parametrize("name", list(RECIPES))

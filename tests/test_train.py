@@ -259,12 +259,44 @@ def test_resume_refuses_a_different_config(corpus, tmp_path):
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path):
     trainer = make_trainer(corpus, tmp_path / "run")
     trainer.model.model.layers[0].register_forward_hook(StepHook(at_step=6, action="nan"))
-    with pytest.raises(NonFiniteLossError, match=r"at step 6.*step_00000004\.pt"):
+    with pytest.raises(NonFiniteLossError, match=r"non-finite training loss and gradient norm at step 6.*step_00000004\.pt") as err:
         trainer.run()
+    assert err.value.non_finite == ["loss", "grad_norm"]
     assert [c.name for c in trainer.checkpoints()] == ["step_00000004.pt"]
     state = torch.load(trainer.checkpoints()[0], weights_only=False)
     assert all(torch.isfinite(v).all() for v in state["model"].values() if torch.is_tensor(v))
     assert trainer.step == 5  # the bad update was never applied
+    event = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert event["event"] == "non-finite" and event["non_finite"] == ["loss", "grad_norm"] and event["step"] == 6
+
+
+class GradHook:
+    """Multiplies a parameter's gradient by inf at one training step (1-based): a finite loss
+    whose backward overflowed."""
+
+    def __init__(self, trainer: Trainer, at_step: int):
+        self.trainer, self.at_step = trainer, at_step
+
+    def __call__(self, grad):
+        return grad * float("inf") if self.trainer.step + 1 == self.at_step else grad
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "adahop"])
+def test_non_finite_gradient_norm_with_a_finite_loss_says_so(corpus, tmp_path, recipe):
+    """A gradient that overflows while the loss is finite: the stop names the gradient norm, during
+    adahop's calibration (step 2 of 3) as after it, and nothing of the step is applied."""
+    overrides = {"recipe_overrides": {"calibration_steps": 3}} if recipe == "adahop" else {}
+    trainer = make_trainer(corpus, tmp_path / "run", recipe=recipe, checkpoint_interval=1, **overrides)
+    trainer.model.model.layers[0].mlp.up_proj.weight.register_hook(GradHook(trainer, at_step=2))
+    with pytest.raises(NonFiniteLossError, match=r"non-finite gradient norm \(the loss was finite\) at step 2") as err:
+        trainer.run()
+    assert err.value.non_finite == ["grad_norm"]
+    event = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert event["non_finite"] == ["grad_norm"] and math.isfinite(float(event["loss"]))
+    assert trainer.step == 1 and [c.name for c in trainer.checkpoints()] == ["step_00000001.pt"]
+    if recipe == "adahop":  # still calibrating: the stop left the layers' state as step 1 made it
+        assert {layer.phase for _, layer in adahop.linear.quant_layers(trainer.model)} == {"calibrating"}
+        assert {layer.step for _, layer in adahop.linear.quant_layers(trainer.model)} == {1}
 
 
 def test_max_tokens_caps_the_run(corpus, tmp_path):
@@ -449,3 +481,92 @@ def test_ddp_gloo_two_ranks_matches_one_process(corpus, profile, tmp_path):
     assert list(two) == list(one) == [1, 2, 3, 4]
     np.testing.assert_allclose(list(two.values()), list(one.values()), rtol=1e-5)
     assert read_results(tmp_path / "ddp.json")["records"][0]["world_size"] == 2
+
+
+# --------------------------------------------------------------------------- torchao float8 peers
+
+
+@pytest.mark.parametrize("peer, scaling", [("float8-rowwise", "axiswise"), ("float8-tensorwise", "tensorwise")])
+def test_float8_peer_converts_every_block_linear_but_not_the_lm_head_and_trains(peer, scaling):
+    """torchao runs float8 training on a CPU too (torch._scaled_mm), so the peer's steps run here."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    cfg = TrainConfig(**{**SMALL, "recipe": peer, "steps": 3, "eval_interval": 0})
+    trainer = Trainer(cfg, 512, RandomTokenBatches(512, 64, 4, seed=3), device="cpu", progress=False)
+    assert trainer.peer == "torchao" and trainer.recipe is None and trainer.calibration_windows() == []
+    reference = adahop.model.Llama(trainer.model_config)
+    block_linears = {n for n, m in reference.named_modules() if type(m) is torch.nn.Linear and n != "lm_head"}
+    converted = {n: m for n, m in trainer.model.named_modules() if isinstance(m, Float8Linear)}
+    assert set(converted) == block_linears and len(block_linears) == 7 * trainer.model_config.n_layers
+    assert type(trainer.model.lm_head) is torch.nn.Linear
+    assert {m.config.cast_config_weight.scaling_granularity.value for m in converted.values()} == {scaling}
+    assert not list(adahop.linear.quant_layers(trainer.model))  # no adahop layer beside torchao's
+    history = trainer.run()
+    assert len(history) == 3 and all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in history)
+
+
+def hide_torchao(monkeypatch):
+    """As on a machine without torchao: importing it fails."""
+    for name in [m for m in sys.modules if m == "torchao" or m.startswith("torchao.")] + ["torchao"]:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_float8_peer_without_torchao_is_a_clear_error_before_anything_runs(profile, tmp_path, monkeypatch):
+    hide_torchao(monkeypatch)
+    cfg = TrainConfig(**{**SMALL, "recipe": "float8-rowwise"})
+    with pytest.raises(ImportError, match=r"'float8-rowwise' is torchao's float8 training, but torchao is not importable"):
+        Trainer(cfg, 512, RandomTokenBatches(512, 64, 4), device="cpu", progress=False)
+    # The throughput run stops before its first recipe (bf16, which needs no torchao) is measured.
+    results = tmp_path / "t.json"
+    with pytest.raises(ImportError, match="torchao is not importable"):
+        load_script().main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "256",
+                            "--recipe", "bf16,float8-tensorwise", "--untimed-steps", "1", "--steps", "1",
+                            "--results", str(results), "--device", "cpu", "--no-progress"])
+    assert not results.exists()
+    with pytest.raises(ValueError, match="unknown recipe 'float8'.*float8-rowwise"):
+        Trainer(TrainConfig(**{**SMALL, "recipe": "float8"}), 512, RandomTokenBatches(512, 64, 4), device="cpu")
+
+
+def test_throughput_records_mark_the_torchao_peer_and_its_version(profile, tmp_path):
+    import torchao
+
+    results = tmp_path / "t.json"
+    load_script().main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "256",
+                        "--recipe", "bf16,float8-rowwise", "--untimed-steps", "1", "--steps", "2",
+                        "--results", str(results), "--device", "cpu", "--no-progress"])
+    doc = read_results(results)
+    assert [(r["recipe"], r["peer"]) for r in doc["records"]] == [("bf16", None), ("float8-rowwise", "torchao")]
+    assert doc["provenance"]["torchao_version"] == torchao.__version__
+    assert all(r["gpu_busy"] is None and r["fsdp"] is False for r in doc["records"])  # a CPU has no GPU time
+    assert doc["provenance"]["config"]["busy_steps"] == 5
+
+
+# --------------------------------------------------------------------------- GPU-busy share
+
+
+def test_busy_split_counts_overlapping_device_records_once():
+    script = load_script()
+    # two overlapping kernels (streams), one after a gap, one inside the first
+    split = script.busy_split([(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (0.5, 1.0)], wall_s=10.0)
+    assert split == pytest.approx({"wall_s": 10.0, "kernel_s": 2.0 + 2.0 + 1.0 + 0.5, "busy_s": 3.0 + 1.0,
+                                   "busy_fraction": 0.4})
+    assert script.busy_split([], wall_s=1.0)["busy_fraction"] == 0.0  # an idle device
+    with pytest.raises(ValueError, match="wall_s must be > 0"):
+        script.busy_split([(0.0, 1.0)], wall_s=0.0)
+    with pytest.raises(ValueError, match="ends before it starts"):
+        script.busy_split([(2.0, 1.0)], wall_s=3.0)
+
+
+def test_device_intervals_reads_the_profilers_events_of_one_device():
+    """The profiler's event records as measure_busy reads them (CPU events here: this machine has no GPU)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        torch.randn(256, 256) @ torch.randn(256, 256)
+        wall = time.perf_counter() - start
+    cpu = load_script().device_intervals(prof, DeviceType.CPU)
+    assert cpu and all(0 <= a < b for a, b in cpu)
+    assert 0 < load_script().busy_split(cpu, wall + 1.0)["busy_s"] <= wall + 1.0
+    assert load_script().device_intervals(prof) == []  # no CUDA records without a GPU

@@ -3,7 +3,9 @@
 Tiers: bit-exact for every decision the quantizer makes (no transform, so no rounding before it);
 the Hadamard path bit-exact where its fp32 transform is exact, and within a stated mismatch rate
 of the fp64 path where it is not; stochastic rounding by its support and its mean over many draws;
-FP8 emission, the transposing and dual variants, and the launcher's errors.
+FP8 emission, the transposing and dual variants, and the launcher's errors; then the general
+launcher :func:`quantize`: the in-kernel FP8 layouts against :func:`adahop.formats.to_fp8_ref`, row
+amax, device-tensor seeds, and blocks whose ±1 sums overflow fp32.
 """
 
 import math
@@ -17,13 +19,17 @@ from adahop.formats import (
     E2M1_MIDPOINTS,
     E2M1_VALUES,
     E8M0_NAN,
+    MXFP4Tensor,
     dequantize_mxfp4_ref,
+    fp8_group_scale,
     quantize_mxfp4_ref,
+    to_fp8_ref,
     to_fp8_rowwise_ref,
     unpack_e2m1,
 )
 from adahop.hadamard import block_hadamard_ref, random_signs
-from adahop_kernels.hadamard_quantize import hadamard_quantize, hadamard_quantize_dual
+from adahop_kernels.fp8_reencode import fp8_reencode
+from adahop_kernels.hadamard_quantize import Side, hadamard_quantize, hadamard_quantize_dual, quantize
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Llama-3 `in` features at 1B/8B/70B (hidden and MLP sizes): K of X (tokens × in) and of W.
@@ -447,3 +453,296 @@ def test_cpu_tensor_without_interpreter_raises(monkeypatch):
     monkeypatch.setattr(common, "INTERPRETED", False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         hadamard_quantize(torch.ones(4, 32))
+
+
+# ---- quantize(): in-kernel FP8 operands, amax, seeds -----------------------------------------------
+
+LAYOUTS = ("row", "seg128", "tile128")
+
+
+def u8(t):
+    return t.view(torch.uint8).cpu()
+
+
+def reference_side(x, side, along, hadamard_size=32):
+    """(MXFP4 reference, (fp8, scale) reference, amax reference) of one orientation, RNE, on the CPU."""
+    xo = (x if along == "K" else x.t()).cpu()
+    signs = None if side.signs is None else side.signs.cpu()
+    q = ops.hadamard_quantize_ref(xo, side.hadamard, hadamard_size, signs)
+    return q, to_fp8_ref(q, side.fp8) if side.fp8 else None, xo.float().abs().amax(1)
+
+
+def assert_side_equals_reference(out, side, x, along, hadamard_size=32):
+    q, fp8_ref, amax_ref = reference_side(x, side, along, hadamard_size)
+    if side.packed:
+        assert_same(MXFP4Tensor(out.codes, out.scales), q)
+    else:
+        assert out.codes is None and out.scales is None
+    if side.fp8:
+        assert torch.equal(u8(out.fp8), u8(fp8_ref[0])), "fp8 bytes differ"
+        assert torch.equal(out.fp8_scale.cpu(), fp8_ref[1]) and out.fp8_scale.stride() == fp8_ref[1].stride()
+    else:
+        assert out.fp8 is None and out.fp8_scale is None
+    if side.amax:
+        assert torch.equal(out.amax.cpu().nan_to_num(-1.0), amax_ref.nan_to_num(-1.0)), "amax differs"
+    else:
+        assert out.amax is None
+
+
+def group_span_input(rows, k, seed, span, dtype=torch.bfloat16):
+    """bf16 values in [2^-8, 8) times a per-block power of two: blocks of a 128-group (and of a row)
+    span up to ``span`` binades, and every Hadamard sum stays exact (a block's values share a binade
+    range of 11)."""
+    g = torch.Generator().manual_seed(seed)
+    x = exact_transform_input(rows, k, seed).float()
+    e = torch.randint(-span // 2, span - span // 2 + 1, (rows, k // 128, 1), generator=g).float()
+    return (x * torch.exp2(e).expand(-1, -1, 128).reshape(rows, k)).to(dtype)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("along", ["K", "M"], ids=["alongK", "alongM"])
+@pytest.mark.parametrize("hadamard", [False, True], ids=["plain", "hadamard"])
+def test_quantize_fp8_equals_reference(layout, along, hadamard, device):
+    x = group_span_input(256, 384, 1, span=6)
+    side = Side(hadamard, None, fp8=layout, amax=True)
+    out_k, out_m = quantize(x.to(device), side if along == "K" else None, side if along == "M" else None)
+    assert (out_m if along == "K" else out_k) is None
+    assert_side_equals_reference(out_k if along == "K" else out_m, side, x, along)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp8_times_scale_is_the_mxfp4_value(layout, device):
+    # Row spans of 20 binades, 128-group spans of at most 14: exact for seg128 and tile128 (only the
+    # rowwise encoding rounds the small blocks, as its reference does).
+    x = spread_input(256, 512, 2, binades=1.0)
+    x = x * torch.exp2(torch.arange(4).repeat_interleave(128) * 5.0 - 10)
+    out, _ = quantize(x.to(device), Side(False, None, fp8=layout), None)
+    q = MXFP4Tensor(out.codes.cpu(), out.scales.cpu())
+    back = out.fp8.cpu().double() * fp8_group_scale(out.fp8_scale.cpu(), layout, (256, 512)).double()
+    deq = dequantize_mxfp4_ref(q, torch.float64)
+    if layout == "row":
+        assert not torch.equal(back, deq)  # the input's point: a row spans more than E4M3 keeps
+        fp8, scale = to_fp8_rowwise_ref(q)
+        assert torch.equal(back, fp8.double() * scale.double())
+    else:
+        assert torch.equal(back, deq)
+
+
+@pytest.mark.parametrize(
+    "rows,n,layout",
+    [(127, 128, "seg128"), (129, 384, "seg128"), (1, 640, "seg128"), (128, 128, "tile128"), (384, 256, "tile128"),
+     (128, 640, "tile128")],
+    ids=lambda v: str(v),
+)
+def test_fp8_boundary_shapes(rows, n, layout, device):
+    x = group_span_input(rows, n, rows + n, span=10, dtype=torch.float32)
+    side = Side(True, None, fp8=layout)
+    out, _ = quantize(x.to(device), side, None)
+    assert_side_equals_reference(out, side, x, "K")
+
+
+@NAN_INPUT
+@pytest.mark.parametrize("layout", ["seg128", "tile128"])
+@pytest.mark.parametrize("along", ["K", "M"], ids=["alongK", "alongM"])
+def test_fp8_nan_inf_zero_and_wide_groups(layout, along, device):
+    # NaN and Inf blocks (E4M3 NaN, not counted in R), all-zero blocks and groups, a group whose only
+    # finite block is zero, and groups spanning 12-20 binades: the byte-wise and the code-by-code
+    # encodings, and E4M3's rounding of the small blocks, bit for bit against the reference.
+    x = group_span_input(256, 256, 3, span=4, dtype=torch.float32)
+    x[:, :32] = x[:, :32] * 2.0**13  # block 0 of every segment in column group 0: 13+ binades up
+    x[0:2, 128:256] = x[0:2, 128:256] * 2.0**-20
+    x[0, 130:134] = 2.0**5  # one block 20+ binades above its neighbours
+    x[3, 40] = float("nan")
+    x[4, 200] = float("inf")
+    x[5:7] = 0.0
+    x[7, :] = 0.0
+    x[7, 0] = float("-inf")
+    x = x if along == "K" else x.t().contiguous()
+    side = Side(False, None, fp8=layout, amax=True)
+    out_k, out_m = quantize(x.to(device), side if along == "K" else None, side if along == "M" else None)
+    out = out_k if along == "K" else out_m
+    assert_side_equals_reference(out, side, x, along)
+    q, _, _ = reference_side(x, side, along)
+    nan_blocks = (q.scales == E8M0_NAN).repeat_interleave(32, 1)
+    assert nan_blocks.any() and out.fp8.cpu().float()[nan_blocks].isnan().all()
+    assert not out.fp8.cpu().float()[~nan_blocks].isnan().any()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_dual_fp8_and_amax_equal_single_calls(dtype, device):
+    x = spread_input(256, 384, 4, dtype, binades=2.0).to(device)
+    signs, signs_t = random_signs(384, 3).to(device), random_signs(256, 4).to(device)
+    kside = Side(True, signs, packed=False, fp8="seg128", amax=True)
+    mside = Side(True, signs_t, fp8="tile128", amax=True)
+    a, b = quantize(x, kside, mside, rounding="sr", seed=9)
+    a1, _ = quantize(x, kside, None, rounding="sr", seed=9)
+    _, b1 = quantize(x, None, mside, rounding="sr", seed=9)
+    for got, single in ((a, a1), (b, b1)):
+        for name in SideOut_FIELDS:
+            g, r = getattr(got, name), getattr(single, name)
+            assert (g is None) == (r is None), name
+            if g is not None:
+                assert torch.equal(g.view(torch.uint8) if g.dtype == torch.float8_e4m3fn else g,
+                                   r.view(torch.uint8) if r.dtype == torch.float8_e4m3fn else r), name
+    # SR: the in-kernel FP8 encodes the same draws as the packed codes, and packed=False changes no byte.
+    assert torch.equal(u8(b.fp8), u8(to_fp8_ref(MXFP4Tensor(b.codes.cpu(), b.scales.cpu()), "tile128")[0]))
+    a2, _ = quantize(x, Side(True, signs, fp8="seg128"), None, rounding="sr", seed=9)
+    assert torch.equal(u8(a.fp8), u8(a2.fp8))
+    assert torch.equal(u8(a.fp8), u8(to_fp8_ref(MXFP4Tensor(a2.codes.cpu(), a2.scales.cpu()), "seg128")[0]))
+
+
+SideOut_FIELDS = ("codes", "scales", "fp8", "fp8_scale", "amax")
+
+
+def test_layer_steps_equal_reference(device):
+    # The layer's three quantize steps (RNE): X (seg128 along K, packed along M), W (tile128 both ways).
+    x = group_span_input(256, 256, 5, span=8)
+    steps = [(Side(True, None, packed=False, fp8="seg128"), Side(True, None)),
+             (Side(True, None, packed=False, fp8="tile128"), Side(True, None, packed=False, fp8="tile128"))]
+    for kside, mside in steps:
+        a, b = quantize(x.to(device), kside, mside)
+        assert_side_equals_reference(a, kside, x, "K")
+        assert_side_equals_reference(b, mside, x, "M")
+
+
+def test_fp8_reencode_of_saved_copy_equals_in_kernel_fp8(device):
+    # The backward re-encodes the packed copy it saved: the same operand as the quantizer's own FP8.
+    x = spread_input(256, 256, 6, torch.bfloat16, binades=2.0).to(device)
+    for layout in LAYOUTS:
+        out, _ = quantize(x, Side(True, None, fp8=layout), None, rounding="sr", seed=3)
+        fp8, scale = fp8_reencode(MXFP4Tensor(out.codes, out.scales), layout)
+        assert torch.equal(u8(fp8), u8(out.fp8)) and torch.equal(scale, out.fp8_scale)
+
+
+def test_results_do_not_depend_on_the_tile_shape(device, monkeypatch):
+    x = spread_input(256, 512, 7, torch.bfloat16, binades=3.0).to(device)
+    x[1, 1] = 3e38  # the overflow path too
+    sides = (Side(True, None, fp8="tile128", amax=True), Side(True, None, fp8="seg128", amax=True))
+    a = quantize(x, *sides, rounding="sr", seed=4)
+    if device == "cpu":
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 128, "BLOCK_K": 128})
+    b = quantize(x, *sides, rounding="sr", seed=4)
+    for oa, ob in zip(a, b):
+        for name in SideOut_FIELDS:
+            ga, gb = getattr(oa, name), getattr(ob, name)
+            assert torch.equal(ga.view(torch.uint8) if ga.dtype == torch.float8_e4m3fn else ga,
+                               gb.view(torch.uint8) if gb.dtype == torch.float8_e4m3fn else gb), name
+
+
+@NAN_INPUT
+def test_amax_is_row_absmax_across_programs(device, monkeypatch):
+    # Several programs share each output row (atomic max); NaN rows stay NaN, -0 and negatives count by |x|.
+    if device == "cpu":
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 64, "BLOCK_K": 64})
+    x = spread_input(192, 256, 8, torch.bfloat16)
+    x[3, 200] = float("nan")
+    x[4, :] = -0.0
+    x[5, 255] = -1e30
+    a, b = quantize(x.to(device), Side(False, None, packed=False, amax=True), Side(False, None, packed=False, amax=True))
+    for out, ref in ((a, x.float().abs().amax(1)), (b, x.float().abs().amax(0))):
+        assert torch.equal(out.amax.cpu().nan_to_num(-1.0), ref.nan_to_num(-1.0))
+        assert out.codes is None and out.fp8 is None
+
+
+# ---- seeds ---------------------------------------------------------------------------------------
+
+
+def test_tensor_seed_equals_int_seed(device):
+    x = spread_input(128, 256, 9).to(device)
+    sides = (Side(True, None, fp8="seg128"), Side(True, None))
+    a = quantize(x, *sides, rounding="sr", seed=12345)
+    b = quantize(x, *sides, rounding="sr", seed=torch.tensor([12345], device=device))
+    for oa, ob in zip(a, b):
+        assert torch.equal(oa.codes, ob.codes) and torch.equal(u8(oa.fp8) if oa.fp8 is not None else oa.scales,
+                                                             u8(ob.fp8) if ob.fp8 is not None else ob.scales)
+    c = quantize(x, *sides, rounding="sr", seed=torch.tensor([12346], device=device))
+    assert not torch.equal(c[0].codes, a[0].codes)
+    big = quantize(x, *sides, rounding="sr", seed=2**40 + 7)
+    assert torch.equal(big[1].codes, quantize(x, *sides, rounding="sr", seed=torch.tensor([2**40 + 7], device=device))[1].codes)
+
+
+def test_along_m_stream_is_distinct_from_along_k(device):
+    # The same operand quantized along K from x.T and along M from x: same positions, other stream.
+    x = spread_input(128, 128, 10).to(device)
+    _, m = quantize(x, None, Side(False, None), rounding="sr", seed=5)
+    k, _ = quantize(x.t().contiguous(), Side(False, None), None, rounding="sr", seed=5)
+    assert torch.equal(m.scales, k.scales) and not torch.equal(m.codes, k.codes)
+
+
+# ---- sums past the fp32 range --------------------------------------------------------------------
+
+
+def huge_input(rows, k, seed, dtype, size=32):
+    """Small integers times 2^100..2^126 (one exponent a 128-group: every ±1 sum exact), and rows of
+    fp32-max, 2^120 and 2^127 blocks: ±1 sums from ~1e37 up overflow fp32 before the 1/√HS factor.
+    Row 3's first Hadamard group (``size``) holds two equal values half a group apart: an overflowing
+    sum in its first half, exact zeros in its second (for size >= 64, whole MX blocks of them)."""
+    g = torch.Generator().manual_seed(seed)
+    e = torch.randint(100, 127, (rows, k // 128, 1), generator=g).float()
+    x = torch.randint(-8, 9, (rows, k), generator=g).float() * torch.exp2(e).expand(-1, -1, 128).reshape(rows, k)
+    x[0, :32] = torch.finfo(torch.float32).max
+    x[1, :32] = 2.0**120
+    x[2, :32] = 0.0
+    x[2, :2] = 2.0**127
+    x[3, :size] = 0.0
+    x[3, 0] = x[3, size // 2] = 1.5 * 2.0**127
+    return x.to(dtype)
+
+
+@NAN_INPUT
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("size", [16, 32, 64, 128], ids=lambda s: f"H{s}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("transpose", [False, True], ids=["alongK", "alongM"])
+def test_huge_blocks_decide_as_the_reference(size, dtype, transpose, device):
+    x = huge_input(64, 512, size, dtype, size)
+    x = x.t().contiguous() if transpose else x
+    q = hadamard_quantize(x.to(device), transpose=transpose, hadamard_size=size)
+    r = ops.hadamard_quantize_ref(x.t() if transpose else x, hadamard_size=size)
+    assert_same(q, r)
+    finite = r.scales != E8M0_NAN
+    assert finite.any() and (~finite).any()  # both the reference's overflow and finite huge blocks
+    assert (r.scales[finite].int() > 127 + 100).any()
+
+
+@NAN_INPUT
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_huge_blocks_with_sr_and_fp8(device):
+    x = huge_input(128, 256, 1, torch.bfloat16)
+    out, _ = quantize(x.to(device), Side(True, None, fp8="tile128"), None, rounding="sr", seed=2)
+    r = ops.hadamard_quantize_ref(x, rounding="sr", seed=2)
+    assert torch.equal(out.scales.cpu(), r.scales)  # SR's scale decisions, bump included
+    assert torch.equal(u8(out.fp8), u8(to_fp8_ref(MXFP4Tensor(out.codes.cpu(), out.scales.cpu()), "tile128")[0]))
+
+
+# ---- quantize(): bad requests --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "shape,along_k,along_m,kwargs,error,match",
+    [
+        ((128, 96), Side(False, None, fp8="seg128"), None, {}, ValueError, r"'seg128' needs the quantized dimension \(96\)"),
+        ((96, 128), None, Side(False, None, fp8="seg128"), {}, ValueError, r"along M .*'seg128' needs the quantized dimension \(96\)"),
+        ((64, 128), Side(False, None, fp8="tile128"), None, {}, ValueError, r"'tile128' needs the rows \(64\)"),
+        ((128, 96), None, Side(False, None, fp8="tile128"), {}, ValueError, r"'tile128' needs the rows \(96\)"),
+        ((128, 128), Side(False, None, fp8="col"), None, {}, ValueError, "layout must be one of"),
+        ((128, 128), Side(False, None, packed=False), None, {}, ValueError, "along_k asks for no output"),
+        ((128, 128), None, None, {}, ValueError, "needs along_k, along_m or both"),
+        ((128, 128), (False, None), None, {}, TypeError, "along_k must be a Side"),
+        ((128, 128), Side(False, None), None, {"rounding": "sr", "seed": torch.tensor([1], dtype=torch.int32)},
+         ValueError, "int64 of shape"),
+        ((128, 128), Side(False, None), None, {"rounding": "sr", "seed": torch.tensor([1, 2])}, ValueError, "int64 of shape"),
+        ((128, 128), Side(False, None), None, {"rounding": "sr", "seed": 1.5}, ValueError, "seed must be an int"),
+    ],
+    ids=["seg-K96", "seg-M96", "tile-rows64", "tile-rows96", "layout", "no-output", "no-side", "tuple", "seed-i32",
+         "seed-shape", "seed-float"],
+)
+def test_quantize_bad_requests_raise(shape, along_k, along_m, kwargs, error, match, device):
+    with pytest.raises(error, match=match):
+        quantize(torch.ones(shape, device=device), along_k, along_m, **kwargs)
+
+
+def test_seed_tensor_on_another_device_raises(device):
+    with pytest.raises(ValueError, match="seed tensor is on meta"):
+        quantize(torch.ones(32, 32, device=device), Side(False, None), None, rounding="sr",
+                 seed=torch.tensor([1], device="meta"))

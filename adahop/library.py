@@ -1,0 +1,340 @@
+"""The suite's kernels as PyTorch operators (``torch.ops.adahop.*``), one operator per kernel.
+
+Each operator runs on every device: its ``backend`` argument (``"triton"`` or ``"reference"``,
+resolved by the caller through :func:`adahop.backend.resolve_backend`) picks the Triton kernel of
+``kernels/`` (compiled on a GPU, interpreted on CPU under ``TRITON_INTERPRET=1``) or the
+pure-PyTorch reference. Every operator has a fake (meta) implementation, so ``torch.compile``
+traces through it without running it, and ``torch.library.opcheck`` passes for each
+(``tests/test_library.py``). Operators take and return plain tensors; :mod:`adahop.ops` wraps
+them in the checked public functions, and the layer calls them inside its autograd Function, so a
+converted model compiles as one graph.
+
+Why ``custom_op`` and not ``triton_op``: the kernels are autotuned and already fused, so there is
+nothing for Inductor to fuse into them, and the same operator must run the reference on CPU.
+
+Request strings. :func:`quantize` takes one request per orientation of ``x (M, K)``: ``""`` (not
+wanted) or comma-separated flags: ``hadamard`` (block-Hadamard first), ``packed`` (write packed
+E2M1 codes + E8M0 scales), ``fp8=row|seg128|tile128`` (write the exact FP8 E4M3 GEMM operand with
+fp32 scales per row, per 1×128 segment along the quantized dimension, or per 128×128 tile) and
+``amax`` (fp32 ``max |x|`` of each output row, before any transform: what outlier selection
+ranks). Strings, since an operator's schema takes no structured arguments; they are parsed once
+each (cached).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import torch
+
+from adahop.formats import (
+    BLOCK_SIZE,
+    FP8_GROUP,
+    FP8_LAYOUTS,
+    MXFP4Tensor,
+    dequantize_mxfp4_ref,
+    quantize_mxfp4_ref,
+    to_fp8_ref,
+)
+from adahop.hadamard import block_hadamard_ref
+
+
+
+class Request(NamedTuple):
+    """One orientation's request, parsed from its string (see the module docstring)."""
+
+    hadamard: bool
+    packed: bool
+    fp8: str | None
+    amax: bool
+
+
+@functools.lru_cache(maxsize=None)
+def parse_request(text: str) -> Request | None:
+    """The :class:`Request` a request string names, or None for ``""``; ValueError on an unknown flag."""
+    if not text:
+        return None
+    flags = text.split(",")
+    fp8 = None
+    rest = []
+    for f in flags:
+        if f.startswith("fp8="):
+            fp8 = f[4:]
+            if fp8 not in FP8_LAYOUTS:
+                raise ValueError(f"unknown FP8 layout {fp8!r} in request {text!r}; choose from {FP8_LAYOUTS}")
+        elif f in ("hadamard", "packed", "amax"):
+            rest.append(f)
+        else:
+            raise ValueError(f"unknown flag {f!r} in quantize request {text!r}")
+    req = Request("hadamard" in rest, "packed" in rest, fp8, "amax" in rest)
+    if not (req.packed or req.fp8 or req.amax):
+        raise ValueError(f"quantize request {text!r} asks for no output")
+    return req
+
+
+def request(hadamard: bool, packed: bool = True, fp8: str | None = None, amax: bool = False) -> str:
+    """The request string for these flags (inverse of :func:`parse_request`)."""
+    flags = [f for f, on in (("hadamard", hadamard), ("packed", packed), ("amax", amax)) if on]
+    if fp8:
+        flags.append(f"fp8={fp8}")
+    return ",".join(flags)
+
+
+def fp8_scale_shape(rows: int, n: int, layout: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Shape and strides of the fp32 scales of an FP8 operand ``(rows, n)`` in ``layout``.
+
+    ``row``: ``(rows, 1)``; ``seg128``: ``(rows, n/128)`` stored outer-dimension-major (strides
+    ``(1, rows)``), as cuBLAS's blockwise A operand wants; ``tile128``: ``(rows/128, n/128)``
+    contiguous (its transpose is cuBLAS's B scale layout).
+    """
+    if layout == "row":
+        return (rows, 1), (1, 1)
+    if layout == "seg128":
+        return (rows, n // FP8_GROUP), (1, rows)
+    return (rows // FP8_GROUP, n // FP8_GROUP), (n // FP8_GROUP, 1)
+
+
+def _empty(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(0, dtype=dtype, device=x.device)
+
+
+def _absent(x: torch.Tensor) -> list[torch.Tensor]:
+    return [_empty(x, torch.uint8), _empty(x, torch.uint8), _empty(x, torch.float8_e4m3fn),
+            _empty(x, torch.float32), _empty(x, torch.float32)]
+
+
+# ---------------------------------------------------------------------------------------------
+# quantize: block-Hadamard + MXFP4 (+ FP8 operand), one or two orientations from one read
+
+
+def _fp8_of(q: MXFP4Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    if backend == "triton":
+        from adahop_kernels.fp8_reencode import fp8_reencode
+
+        return fp8_reencode(q, layout=layout)
+    return to_fp8_ref(q, layout)
+
+
+def _side_outputs(x: torch.Tensor, q: MXFP4Tensor | None, req: Request | None, amax: torch.Tensor | None,
+                  backend: str) -> list[torch.Tensor]:
+    if req is None:
+        return _absent(x)
+    out = _absent(x)
+    if q is not None:
+        if req.packed:
+            out[0], out[1] = q.codes, q.scales
+        if req.fp8:
+            out[2], out[3] = _fp8_of(q, req.fp8, backend)
+    if amax is not None:
+        out[4] = amax
+    return out
+
+
+def _seed_int(seed: torch.Tensor | None) -> int | None:
+    # The reference draws from a torch.Generator, which takes a host int.
+    return None if seed is None else int(seed.reshape(-1)[0].item())
+
+
+def _quantize_reference(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy):
+    s = _seed_int(seed) if rounding == "sr" else None
+    outs = []
+    for t, req, signs in ((x, rk, signs_k), (x.t(), rm, signs_m)):
+        if req is None:
+            outs.append((None, None))
+            continue
+        q = None
+        if req.packed or req.fp8:
+            xt = block_hadamard_ref(t, hadamard_size, signs).float() if req.hadamard else t
+            gen = None if s is None else torch.Generator(device=x.device).manual_seed(s)
+            q = quantize_mxfp4_ref(xt, rounding, gen, nan_policy)
+        amax = t.abs().amax(dim=1).float() if req.amax else None
+        outs.append((q, amax))
+    return outs
+
+
+def _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy):
+    from adahop_kernels import hadamard_quantize as hq
+
+    def side(req, signs):
+        return None if req is None else hq.Side(req.hadamard, signs, req.packed, req.fp8, req.amax)
+
+    return hq.quantize(x, side(rk, signs_k), side(rm, signs_m), hadamard_size=hadamard_size, rounding=rounding,
+                       seed=seed, nan_policy=nan_policy)
+
+
+@torch.library.custom_op("adahop::quantize", mutates_args=())
+def quantize(
+    x: torch.Tensor,
+    signs_k: torch.Tensor | None,
+    signs_m: torch.Tensor | None,
+    seed: torch.Tensor | None,
+    request_k: str,
+    request_m: str,
+    hadamard_size: int,
+    rounding: str,
+    nan_policy: str,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``x (M, K)`` quantized along K (``request_k``) and along M (``request_m``), from one read.
+
+    Returns ten tensors, five per orientation: packed codes ``(rows, n/2)`` uint8, E8M0 scales
+    ``(rows, n/32)`` uint8, FP8 values ``(rows, n)`` float8_e4m3fn, FP8 scales (fp32, shape by
+    layout: :func:`fp8_scale_shape`), row amax ``(rows,)`` fp32; ``rows, n = M, K`` along K and
+    ``K, M`` along M; an output not requested is an empty tensor. ``seed``: int64 ``(1,)`` on x's
+    device, the stochastic rounding's draw (read only under ``rounding="sr"``).
+
+    Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x or x.T))`` and its FP8 re-encodings.
+    """
+    rk, rm = parse_request(request_k), parse_request(request_m)
+    if backend == "triton":
+        outs = _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
+        return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
+    (qk, ak), (qm, am) = _quantize_reference(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
+    return tuple(_side_outputs(x, qk, rk, ak, backend) + _side_outputs(x, qm, rm, am, backend))
+
+
+def _kernel_outputs(x: torch.Tensor, out) -> list[torch.Tensor]:
+    if out is None:
+        return _absent(x)
+    fields = (out.codes, out.scales, out.fp8, out.fp8_scale, out.amax)
+    return [t if t is not None else e for t, e in zip(fields, _absent(x))]
+
+
+def _fake_side(x: torch.Tensor, rows: int, n: int, req: Request | None) -> list[torch.Tensor]:
+    out = _absent(x)
+    if req is None:
+        return out
+    if req.packed:
+        out[0] = x.new_empty((rows, n // 2), dtype=torch.uint8)
+        out[1] = x.new_empty((rows, n // BLOCK_SIZE), dtype=torch.uint8)
+    if req.fp8:
+        out[2] = x.new_empty((rows, n), dtype=torch.float8_e4m3fn)
+        shape, stride = fp8_scale_shape(rows, n, req.fp8)
+        out[3] = x.new_empty_strided(shape, stride, dtype=torch.float32)
+    if req.amax:
+        out[4] = x.new_empty((rows,), dtype=torch.float32)
+    return out
+
+
+@quantize.register_fake
+def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend):
+    m, k = x.shape
+    return tuple(_fake_side(x, m, k, parse_request(request_k)) + _fake_side(x, k, m, parse_request(request_m)))
+
+
+# ---------------------------------------------------------------------------------------------
+# fp8_encode: packed MXFP4 -> exact FP8 GEMM operand (the copies saved for backward)
+
+
+@torch.library.custom_op("adahop::fp8_encode", mutates_args=())
+def fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 E4M3 ``(rows, K)`` and fp32 scales (by ``layout``) of packed MXFP4 ``(rows, K)``.
+
+    Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` (``row``) or ``to_fp8_ref(t, layout)``.
+    """
+    return _fp8_of(MXFP4Tensor(codes, scales), layout, backend)
+
+
+@fp8_encode.register_fake
+def _(codes, scales, layout, backend):
+    rows, n = codes.shape[0], codes.shape[1] * 2
+    shape, stride = fp8_scale_shape(rows, n, layout)
+    return (codes.new_empty((rows, n), dtype=torch.float8_e4m3fn),
+            codes.new_empty_strided(shape, stride, dtype=torch.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# dequantize, row_absmax, the native MXFP4 GEMM, the pattern statistics, the sign vectors
+
+
+@torch.library.custom_op("adahop::dequantize", mutates_args=())
+def dequantize(codes: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """Packed MXFP4 ``(..., K)`` to ``dtype``. Equivalent to :func:`adahop.formats.dequantize_mxfp4_ref`."""
+    t = MXFP4Tensor(codes, scales)
+    if backend == "triton":
+        from adahop_kernels.dequantize import dequantize as kernel
+
+        return kernel(t, dtype)
+    return dequantize_mxfp4_ref(t, dtype)
+
+
+@dequantize.register_fake
+def _(codes, scales, dtype, backend):
+    return codes.new_empty((*codes.shape[:-1], codes.shape[-1] * 2), dtype=dtype)
+
+
+@torch.library.custom_op("adahop::row_absmax", mutates_args=())
+def row_absmax(x: torch.Tensor, backend: str) -> torch.Tensor:
+    """fp32 ``max |x|`` of each row of ``x (M, K)`` (NaN for a row holding NaN). Equivalent to
+    ``x.abs().amax(1).float()``."""
+    if backend == "triton":
+        from adahop_kernels.outliers import row_absmax as kernel
+
+        return kernel(x)
+    return x.abs().amax(dim=1).float()
+
+
+@row_absmax.register_fake
+def _(x, backend):
+    return x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+@torch.library.custom_op("adahop::mm_dot_scaled", mutates_args=())
+def mm_dot_scaled(codes_a: torch.Tensor, scales_a: torch.Tensor, codes_b: torch.Tensor, scales_b: torch.Tensor,
+                  out_dtype: torch.dtype) -> torch.Tensor:
+    """``A · Bᵀ`` of packed MXFP4 operands through Triton's ``tl.dot_scaled`` (native FP4 GPUs)."""
+    from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
+
+    return mxfp4_mm_dot_scaled(MXFP4Tensor(codes_a, scales_a), MXFP4Tensor(codes_b, scales_b), out_dtype)
+
+
+@mm_dot_scaled.register_fake
+def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
+    return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("adahop::abs_median", mutates_args=())
+def abs_median(x: torch.Tensor) -> torch.Tensor:
+    """Lower median of ``|x|`` along each row (the radix-select kernel). Equivalent to
+    :func:`adahop.ops.abs_median_ref`."""
+    from adahop_kernels.pattern_stats import abs_median as kernel
+
+    return kernel(x)
+
+
+@abs_median.register_fake
+def _(x):
+    return x.new_empty((x.shape[0],), dtype=torch.float32)
+
+
+@torch.library.custom_op("adahop::scaled_mean_squares", mutates_args=())
+def scaled_mean_squares(x: torch.Tensor, col_div: torch.Tensor | None,
+                        row_div: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row and column mean squares of ``x`` scaled by the divisors, and its non-finite count (the
+    kernel). Equivalent to :func:`adahop.ops.scaled_mean_squares_ref`."""
+    from adahop_kernels.pattern_stats import scaled_mean_squares as kernel
+
+    return kernel(x, col_div, row_div)
+
+
+@scaled_mean_squares.register_fake
+def _(x, col_div, row_div):
+    m, k = x.shape
+    return (x.new_empty((m,), dtype=torch.float32), x.new_empty((k,), dtype=torch.float32),
+            x.new_empty((), dtype=torch.int64))
+
+
+@torch.library.custom_op("adahop::random_signs", mutates_args=())
+def random_signs(n: int, mix: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """The ±1 vector of :func:`adahop.hadamard.random_signs` for the hashed seed ``mix``, in one
+    launch (the kernel)."""
+    from adahop_kernels.signs import random_signs as kernel
+
+    return kernel(n, mix, device, dtype)
+
+
+@random_signs.register_fake
+def _(n, mix, device, dtype):
+    return torch.empty(n, dtype=dtype, device=device)

@@ -1,0 +1,209 @@
+"""The model-level API: convert a model's linear layers, step them, export and fix their strategies.
+
+::
+
+    model = adahop.convert(model, "adahop", optimizer=opt)  # every nn.Linear but the LM head
+    model = torch.compile(model)                             # one graph once strategies are fixed
+    ...                                                      # train as usual
+    adahop.export_strategies(model)                          # labels and strategies, JSON-ready
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter, defaultdict
+from typing import Any, Iterable, Mapping
+
+import torch
+from torch import nn
+
+from adahop.linear.module import QuantLinear
+from adahop.linear.seeds import DrawState
+from adahop.policy import SLOTS, Strategy
+from adahop.recipes import Recipe, get_recipe
+
+# Sibling layers that read one input, by their names in one parent (Hugging Face Llama and this
+# project's model): they share the input's quantization and its saved copy.
+SIBLINGS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def _skip_names(skip: Any) -> tuple[str, ...]:
+    if isinstance(skip, str):
+        return (skip,)
+    try:
+        names = tuple(skip)
+    except TypeError:
+        raise TypeError(f"skip must be a module name or an iterable of names, got {type(skip).__name__}") from None
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"skip must hold module names (str), got {bad[:3]}")
+    return names
+
+
+def _skipped(name: str, skip: Iterable[str]) -> bool:
+    return any(name == s or name.endswith("." + s) for s in skip)
+
+
+def quant_layers(model: nn.Module) -> Iterable[tuple[str, QuantLinear]]:
+    return ((n, mod) for n, mod in model.named_modules() if isinstance(mod, QuantLinear))
+
+
+def _group_siblings(model: nn.Module, groups: Iterable[Iterable[str]]) -> None:
+    """Give sibling layers (``groups``: names of children of one parent) one input group."""
+    for _, parent in model.named_modules():
+        for names in groups:
+            layers = [parent._modules.get(n) for n in names]
+            if len(layers) > 1 and all(isinstance(m, QuantLinear) for m in layers) \
+                    and len({m.in_features for m in layers}) == 1:
+                group = min(m.layer_id for m in layers)
+                for m in layers:
+                    m.input_group = group
+
+
+def convert(
+    model: nn.Module,
+    recipe: str | Recipe,
+    skip: str | Iterable[str] = ("lm_head",),
+    *,
+    optimizer: torch.optim.Optimizer | None = None,
+    share_input: Iterable[Iterable[str]] = SIBLINGS,
+    **overrides: Any,
+) -> nn.Module:
+    """Swap every ``nn.Linear`` of ``model`` for a :class:`QuantLinear` under ``recipe``; return the model.
+
+    skip: a module name or names (full dotted names or their last components) to leave alone.
+    Layers whose features are not multiples of ``max(32, hadamard_size)`` stay ``nn.Linear`` (BF16)
+    with one warning listing them. A recipe that is BF16 everywhere (``bf16``) returns ``model``
+    unchanged. Parameters are shared, not copied; layer ids follow ``named_modules`` order.
+    A bare ``nn.Linear`` is converted and returned.
+    optimizer: when given, a step post-hook calls :func:`on_optimizer_step` after each of its
+        steps (do not call it yourself then).
+    share_input: groups of child names of one parent that read the same input (default: q/k/v and
+        gate/up): they quantize it once under ``torch.compile``, and save one copy for backward.
+    Converting a model already converted under another recipe is an error; a model with nothing
+    to convert comes back unchanged, with a warning.
+    """
+    recipe = get_recipe(recipe, **overrides)
+    skip = _skip_names(skip)
+    if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    existing = list(quant_layers(model))
+    others = sorted({layer.recipe.name for _, layer in existing if layer.recipe != recipe})
+    if others:
+        raise ValueError(f"convert({recipe.name!r}): the model is already converted under {others}; "
+                         "convert the original (unconverted) model instead")
+    if not recipe.swaps_linear:
+        return model
+    m = recipe.dim_multiple
+
+    def fits(lin: nn.Linear) -> bool:
+        return lin.in_features % m == 0 and lin.out_features % m == 0
+
+    if type(model) is nn.Linear:
+        if not fits(model):
+            raise ValueError(f"nn.Linear({model.in_features}, {model.out_features}): features must be multiples of {m}")
+        layer = QuantLinear.from_linear(model, recipe)
+        if optimizer is not None:
+            _step_with(optimizer, layer)
+        return layer
+    swapped: dict[int, QuantLinear] = {}
+    kept: list[str] = []
+    first_id = 1 + max((layer.layer_id for _, layer in existing), default=-1)
+    for parent_name, parent in list(model.named_modules()):
+        # _modules, not named_children(): the latter yields a module registered twice only once.
+        for child_name, child in list(parent._modules.items()):
+            name = f"{parent_name}.{child_name}" if parent_name else child_name
+            if type(child) is not nn.Linear or _skipped(name, skip):
+                continue
+            if not fits(child):
+                kept.append(f"{name} ({child.in_features}→{child.out_features})")
+                continue
+            if id(child) not in swapped:  # a Linear shared by two parents stays shared
+                swapped[id(child)] = QuantLinear.from_linear(child, recipe, layer_id=first_id + len(swapped))
+            setattr(parent, child_name, swapped[id(child)])
+    if kept:
+        warnings.warn(f"convert({recipe.name!r}): kept in BF16, features not multiples of {m}: {', '.join(kept)}",
+                      stacklevel=2)
+    if not swapped:
+        warnings.warn(f"convert({recipe.name!r}): the model has no nn.Linear to convert "
+                      f"(skip={list(skip)}); it comes back unchanged", stacklevel=2)
+        return model
+    # One draw counter for the whole model, bumped once per forward by its first layer.
+    state = existing[0][1].draw_state if existing else DrawState(next(iter(swapped.values())).weight.device)
+    for i, layer in enumerate(swapped.values()):
+        layer.share_draws(state, bumps=not existing and i == 0)
+    _group_siblings(model, [tuple(g) for g in share_input])
+    if optimizer is not None:
+        _step_with(optimizer, model)
+    return model
+
+
+def _step_with(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
+    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        _step(model)
+
+    optimizer.register_step_post_hook(hook)
+
+
+def _step(model: nn.Module) -> None:
+    for _, layer in quant_layers(model):
+        layer.on_optimizer_step()
+
+
+def advance_draws(model: nn.Module) -> None:
+    """Give the next forward fresh draws without a step: call between the micro-batches of a step
+    (gradient accumulation), or they round alike. Done by :func:`on_optimizer_step` after a step."""
+    for _, layer in quant_layers(model):
+        layer.advance_draws()
+
+
+def on_optimizer_step(model: nn.Module) -> None:
+    """Call after every optimizer step (unless ``convert`` got the optimizer): advances the
+    calibration schedule of every QuantLinear."""
+    _step(model)
+
+
+def export_strategies(model: nn.Module) -> dict[str, dict[str, Any]]:
+    """``{module name: layer.export()}`` for every QuantLinear: labels, pairs, strategies (JSON-ready)."""
+    return {name: layer.export() for name, layer in quant_layers(model)}
+
+
+def fix_strategies(model: nn.Module, strategies: Mapping[str, Mapping[str, Strategy | str]]) -> nn.Module:
+    """Fix every policy QuantLinear of ``model`` to a strategy map ``{module name: {slot: strategy}}``
+    (the ``strategies`` of :func:`export_strategies`, or the records of ``experiments/strategies.py``
+    grouped by layer). The map must name exactly the model's policy layers: a missing or unknown
+    name is an error, not a layer left calibrating. Returns ``model``."""
+    layers = {name: layer for name, layer in quant_layers(model) if layer.recipe.policy is not None}
+    if not layers:
+        raise ValueError("fix_strategies: the model has no QuantLinear of a policy recipe (convert it with adahop, ...)")
+    missing, unknown = sorted(set(layers) - set(strategies)), sorted(set(strategies) - set(layers))
+    if missing or unknown:
+        raise ValueError(f"fix_strategies: the map does not match the model's policy layers: "
+                         f"missing {missing[:5]}{' ...' if len(missing) > 5 else ''} ({len(missing)}), "
+                         f"unknown {unknown[:5]}{' ...' if len(unknown) > 5 else ''} ({len(unknown)})")
+    for name, layer in layers.items():  # every entry checked before any layer changes
+        layer.checked_map(strategies[name])
+    for name, layer in layers.items():
+        layer.fix(strategies[name])
+    return model
+
+
+def strategy_fixes(model: nn.Module) -> list[dict[str, Any]]:
+    """Per step at which calibrating layers fixed (or re-fixed) their strategies: how many GEMMs run
+    each strategy from then on (``counts``, slot → strategy → n) and how many changed since the
+    previous fix (``changed``; 0 at the first). Empty for a model without policy layers."""
+    by_step: dict[int, dict[str, dict[str, str]]] = defaultdict(dict)
+    for name, layer in quant_layers(model):
+        for fix in layer.fixed_at:
+            by_step[fix["step"]][name] = fix["strategies"]
+    out, current = [], {}
+    for step in sorted(by_step):
+        fixed = by_step[step]
+        changed = sum(current[n][slot] != s for n, strategies in fixed.items() if n in current
+                      for slot, s in strategies.items())
+        current.update(fixed)
+        counts = {slot: dict(Counter(s[slot] for s in current.values())) for slot in SLOTS}
+        out.append({"step": step, "layers": len(fixed), "counts": counts, "changed": changed})
+    return out

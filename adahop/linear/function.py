@@ -1,0 +1,172 @@
+"""The autograd Function of the quantized layer: Y = X·Wᵀ + b with three GEMMs under a plan.
+
+Its arguments are tensors and one frozen :class:`LayerPlan` (strategies, quantization specs,
+GEMM path and FP8 layouts; plain data), so Dynamo traces forward and backward into the model's
+graph: no graph break, and a plan that does not change between steps adds no guard that fails.
+The draw counter (:mod:`adahop.linear.seeds`) is a tensor argument, read, never written here.
+
+Saved for backward (counted by :class:`adahop.linear.SavedTensorMeter`): X quantized along tokens
+(Xᵀ, the ``wgrad`` operand) and W quantized along ``out`` (Wᵀ, the ``dgrad`` operand), packed
+MXFP4, 4.25 bits per value (re-encoded to FP8 in the backward on Hopper, a pass over 0.53 B/value);
+plus ``(k, ·)`` BF16 outlier slices for OE-right, W as the forward got it when ``dgrad`` is ``bf16``
+or OE-left, and X as it came when ``wgrad`` is ``bf16`` under ``bf16_wgrad_input="bf16"``. With
+``weight_for_backward="param"`` nothing of W is saved: the backward quantizes it again from the
+parameter. Under ``torch.compile`` sibling layers reading one input (q/k/v, gate/up) quantize it
+with identical calls (same input, specs and draws: their input salt is shared, fixed by
+:func:`adahop.convert`), which the compiler computes once and saves once, as a fused projection
+would.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from adahop.linear.gemm import GemmConfig, Operand, QuantSpec, Quantized, Want, quantize_pair, strategy_mm, top_rows
+from adahop.policy import SLOTS, Strategy
+
+
+@dataclass(frozen=True)
+class SlotPlan:
+    """One GEMM's strategy, the specs of its A and Bᵀ, and their FP8 layouts (None off the FP8 path)."""
+
+    strategy: Strategy
+    a: QuantSpec | None
+    b: QuantSpec | None
+    layout_a: str | None = None
+    layout_b: str | None = None
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Everything one forward call needs besides its tensors; static for a layer at a token count."""
+
+    fwd: SlotPlan
+    dgrad: SlotPlan
+    wgrad: SlotPlan
+    k: int
+    need_backward: bool
+    gemm: GemmConfig
+    weight_from_param: bool = False
+
+    def slot(self, name: str) -> SlotPlan:
+        return getattr(self, name)
+
+    @property
+    def strategies(self) -> dict[str, Strategy]:
+        return {s: self.slot(s).strategy for s in SLOTS}
+
+
+def _q_fields(q: Quantized | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    return (None, None) if q is None else (q.codes, q.scales)
+
+
+def _q(codes: torch.Tensor | None, scales: torch.Tensor | None) -> Quantized | None:
+    return None if codes is None else Quantized(codes, scales)
+
+
+def _pair(idx: torch.Tensor | None, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    return None if idx is None else (idx, rows)
+
+
+def _amax(q: Quantized | None) -> torch.Tensor | None:
+    return None if q is None else q.amax
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """Y = X·Wᵀ + b with the three GEMMs of ``plan``. X ``(T, in)``, T a multiple of 32.
+
+    ``w_param``: the weight parameter (W may be autocast's cast of it), read again by the backward
+    under ``weight_from_param``. ``observer``: None, or (eager calibration only) the layer that
+    receives the backward's ``grad_output`` observations.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, w_param: torch.Tensor | None,
+                counter: torch.Tensor, plan: LayerPlan, observer: Any = None) -> torch.Tensor:
+        fwd, dgrad, wgrad = plan.fwd, plan.dgrad, plan.wgrad
+        g, k = plan.gemm, plan.k
+        keep_x = wgrad.b if plan.need_backward else None
+        keep_w = dgrad.b if plan.need_backward and not plan.weight_from_param else None
+        oe_x = plan.need_backward and wgrad.strategy is Strategy.IHT_OE_RIGHT
+        oe_w = plan.need_backward and dgrad.strategy is Strategy.IHT_OE_RIGHT
+        if fwd.strategy.quantized:
+            xq, xq_t = quantize_pair(x, fwd.a, keep_x, g.want(fwd.layout_a, fwd.strategy is Strategy.IHT_OE_LEFT),
+                                     Want(True, None, oe_x), counter, g.backend)
+            wq, wq_t = quantize_pair(w, fwd.b, keep_w, g.want(fwd.layout_b, fwd.strategy is Strategy.IHT_OE_RIGHT),
+                                     Want(True, None, oe_w), counter, g.backend)
+        else:
+            xq = wq = None
+            xq_t = quantize_pair(x, None, keep_x, None, Want(True, None, oe_x), counter, g.backend)[1]
+            wq_t = quantize_pair(w, None, keep_w, None, Want(True, None, oe_w), counter, g.backend)[1]
+        a = Operand(x, q=xq)
+        b = Operand(w, q=wq)
+        if fwd.strategy is Strategy.IHT_OE_LEFT:
+            a.outliers = top_rows(x, k, g.backend, _amax(xq))
+        elif fwd.strategy is Strategy.IHT_OE_RIGHT:
+            b.outliers = top_rows(w, k, g.backend, _amax(wq))
+        y = strategy_mm(fwd.strategy, a, b, k=k, out_dtype=x.dtype, config=g, counter=counter)
+        if bias is not None:
+            y = y + bias
+        if not plan.need_backward:
+            return y
+        x_out = top_rows(x.t(), k, g.backend, _amax(xq_t)) if oe_x else (None, None)
+        w_out = top_rows(w.t(), k, g.backend, _amax(wq_t)) if oe_w else (None, None)
+        measuring = observer is not None and observer.sample_idx is not None
+        # W as given (the parameter, or autocast's cast of it), only where W is needed in full precision.
+        needs_w = dgrad.strategy in (Strategy.BF16, Strategy.IHT_OE_LEFT) or measuring
+        w_full = w if needs_w and not plan.weight_from_param else None
+        # A BF16 wgrad without a spec for X (bf16_wgrad_input="bf16") reads X as it is.
+        x_full = x if wgrad.strategy is Strategy.BF16 and keep_x is None else None
+        ctx.save_for_backward(*_q_fields(xq_t), *_q_fields(wq_t), w_full, x_full, *x_out, *w_out,
+                              w_param, counter.clone())
+        ctx.plan, ctx.w_dtype, ctx.device_type = plan, w.dtype, x.device.type
+        ctx.has_bias = bias is not None
+        ctx.observer = observer
+        if measuring:
+            ctx.x_sample = x[observer.sample_idx]
+        return y
+
+    @staticmethod
+    def backward(ctx, gy: torch.Tensor):
+        plan = ctx.plan
+        dgrad, wgrad = plan.dgrad, plan.wgrad
+        g_cfg, k = plan.gemm, plan.k
+        xc, xs, wc, ws, w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, w_param, counter = ctx.saved_tensors
+        g = gy.contiguous()
+        if plan.weight_from_param:  # W again, in the forward's dtype
+            w_full = w_param.detach().to(ctx.w_dtype)
+        dx = dw = db = None
+        with torch.autocast(ctx.device_type, enabled=False):
+            # dY along `out` (dgrad) and along tokens (wgrad), one read where both are quantized.
+            spec_d = dgrad.a if ctx.needs_input_grad[0] and dgrad.strategy.quantized else None
+            spec_w = wgrad.a if ctx.needs_input_grad[1] and wgrad.strategy.quantized else None
+            gq, gq_t = quantize_pair(
+                g, spec_d, spec_w, g_cfg.want(dgrad.layout_a, dgrad.strategy is Strategy.IHT_OE_LEFT),
+                g_cfg.want(wgrad.layout_a, wgrad.strategy is Strategy.IHT_OE_LEFT), counter, g_cfg.backend)
+            if ctx.needs_input_grad[0]:
+                a = Operand(g, q=gq)
+                if dgrad.strategy is Strategy.IHT_OE_LEFT:
+                    a.outliers = top_rows(g, k, g_cfg.backend, _amax(gq))
+                b = Operand(w_full, dgrad.b, transpose=True, q=_q(wc, ws), outliers=_pair(wo_idx, wo_rows))
+                dx = strategy_mm(dgrad.strategy, a, b, k=k, out_dtype=g.dtype, config=g_cfg, counter=counter)
+            if ctx.needs_input_grad[1]:
+                a = Operand(g, transpose=True, q=gq_t)
+                if x_full is not None:  # (tokens, in), read along tokens
+                    b = Operand(x_full, transpose=True)
+                else:
+                    xq_t = _q(xc, xs)
+                    x_src = None
+                    if wgrad.strategy is Strategy.BF16:
+                        from adahop import library
+
+                        x_src = library.dequantize(xc, xs, g.dtype, g_cfg.backend)
+                    b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
+                dw = strategy_mm(wgrad.strategy, a, b, k=k, out_dtype=ctx.w_dtype, config=g_cfg, counter=counter)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                db = g.sum(0, dtype=torch.float32).to(g.dtype)
+            if ctx.observer is not None:
+                ctx.observer.observe_backward(g, w_full, getattr(ctx, "x_sample", None), counter)
+        return dx, dw, db, None, None, None, None

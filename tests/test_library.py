@@ -1,0 +1,85 @@
+"""The operators of adahop.library: schema, fake implementations and dispatch (torch.library.opcheck),
+on both backends, and one operator call for both orientations agreeing with the reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adahop import library
+from adahop.backend import resolve_backend
+from adahop.formats import dequantize_mxfp4_ref, to_fp8_ref
+
+BACKENDS = ["reference", "triton"]
+
+
+def runnable(backend: str) -> str:
+    # The triton backend on CPU tensors runs under the interpreter (conftest sets TRITON_INTERPRET).
+    resolve_backend("cpu", backend)
+    return backend
+
+
+def seed() -> torch.Tensor:
+    return torch.tensor([7], dtype=torch.int64)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("request_k, request_m, rounding", [
+    ("packed", "", "rne"),
+    ("hadamard,fp8=seg128,amax", "hadamard,packed", "rne"),
+    ("hadamard,fp8=seg128", "hadamard,fp8=tile128", "sr"),
+    ("packed,fp8=row", "packed,fp8=row,amax", "rne"),
+], ids=["packed", "fwd-x", "grad-sr", "rowwise"])
+def test_quantize_opcheck(backend, request_k, request_m, rounding):
+    x = torch.randn(128, 256, dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.adahop.quantize.default,
+                          (x, None, None, seed(), request_k, request_m, 32, rounding, "propagate", runnable(backend)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_quantize_outputs_match_the_reference_encodings(backend):
+    x = torch.randn(128, 256)
+    outs = library.quantize(x, None, None, None, "hadamard,packed,fp8=seg128,amax", "packed,fp8=tile128", 32,
+                            "rne", "propagate", runnable(backend))
+    ref = library.quantize(x, None, None, None, "hadamard,packed,fp8=seg128,amax", "packed,fp8=tile128", 32,
+                           "rne", "propagate", "reference")
+    for got, want in zip(outs, ref):
+        assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype
+        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                           want.view(torch.uint8) if want.dtype == torch.float8_e4m3fn else want)
+    codes, scales, fp8, fp8_scale, amax = outs[:5]
+    from adahop.formats import MXFP4Tensor
+
+    assert torch.equal(fp8.view(torch.uint8), to_fp8_ref(MXFP4Tensor(codes, scales), "seg128")[0].view(torch.uint8))
+    assert torch.equal(amax, x.abs().amax(1))  # before the transform
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp8_encode_dequantize_row_absmax_opcheck(backend):
+    backend = runnable(backend)
+    x = torch.randn(128, 256)
+    codes, scales = library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")[:2]
+    for layout in ("row", "seg128", "tile128"):
+        torch.library.opcheck(torch.ops.adahop.fp8_encode.default, (codes, scales, layout, backend))
+    torch.library.opcheck(torch.ops.adahop.dequantize.default, (codes, scales, torch.bfloat16, backend))
+    torch.library.opcheck(torch.ops.adahop.row_absmax.default, (x, backend))
+    from adahop.formats import MXFP4Tensor
+
+    assert torch.equal(library.dequantize(codes, scales, torch.float32, backend),
+                       dequantize_mxfp4_ref(MXFP4Tensor(codes, scales)))
+
+
+def test_pattern_statistics_and_signs_opcheck():
+    x = torch.randn(64, 96)
+    torch.library.opcheck(torch.ops.adahop.abs_median.default, (x,))
+    torch.library.opcheck(torch.ops.adahop.scaled_mean_squares.default, (x, None, None))
+    torch.library.opcheck(torch.ops.adahop.random_signs.default, (96, 12345, torch.device("cpu"), torch.float32))
+
+
+def test_unknown_request_flags_and_layouts_are_refused():
+    with pytest.raises(ValueError, match="unknown flag 'hadamrd'"):
+        library.parse_request("hadamrd,packed")
+    with pytest.raises(ValueError, match="unknown FP8 layout 'tile64'"):
+        library.parse_request("packed,fp8=tile64")
+    with pytest.raises(ValueError, match="asks for no output"):
+        library.parse_request("hadamard")
