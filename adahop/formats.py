@@ -50,9 +50,9 @@ NanPolicy = Literal["propagate", "raise"]
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MXFP4Tensor:
-    """A tensor quantized to MXFP4 along its last dimension.
+    """A tensor quantized to MXFP4 along its last dimension (immutable: a new encoding is a new value).
 
     codes:  uint8 ``(..., K // 2)``, two E2M1 codes per byte (low nibble first).
     scales: uint8 ``(..., K // 32)``, E8M0 biased exponents (0xFF = NaN).

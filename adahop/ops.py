@@ -275,10 +275,8 @@ def _abs_median_kernel(x: torch.Tensor) -> torch.Tensor:
 # What :func:`abs_median` runs on a CUDA tensor when neither its caller nor ADAHOP_BACKEND names a
 # backend: the faster of the radix-select kernel and torch.median for that input, timed on its
 # first call (both give the same bits). Their ranking is a measurement, not a constant: on the
-# H200 the detector on the first kernel (4-bit digits, a reduction per digit and tile) ran at
-# 9-11 GB/s against 20-29 GB/s on torch.median (results/microbench/gpu/kernels-bf486af.json, peer
-# torch-reference); on the present kernel at 52-87 GB/s, 2.3-3.5x torch.median's in the same run,
-# and this chose the kernel at every shape (kernels.json at 27d18ee, peer kernel-medians).
+# H200 the kernel ran at 52-87 GB/s, 2.3-3.5x torch.median's in the same run, and this chose the
+# kernel at every shape (results/microbench/gpu/kernels.json, peer kernel-medians).
 ABS_MEDIAN_CUDA = FasterOf({"torch.median": abs_median_ref, "radix-select kernel": _abs_median_kernel})
 
 

@@ -685,6 +685,8 @@ class Trainer:
                     _, loss = self.ddp(x, y)
                 (loss / self.cfg.grad_accum).backward()
             loss_sum += loss.detach().float()
+            if not last:  # the next micro-batch rounds with fresh draws (after a step, on_optimizer_step does it)
+                adahop.linear.advance_draws(self.model)
         max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else float("inf")
         if self.fsdp:
             # The norm of sharded gradients is a partial DTensor: made whole (one all-reduce) first.

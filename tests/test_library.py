@@ -7,10 +7,13 @@ import pytest
 import torch
 
 from adahop import library
-from adahop.backend import resolve_backend
+from adahop.backend import resolve_backend, triton_interpreted
 from adahop.formats import dequantize_mxfp4_ref, to_fp8_ref
 
-BACKENDS = ["reference", "triton"]
+# (device, backend) pairs this process runs: CPU tensors through the reference and, under Triton's
+# interpreter (the CPU test suite), the kernels; on a GPU machine CUDA tensors through both.
+CASES = ([("cpu", "reference")] + ([("cpu", "triton")] if triton_interpreted() else [])
+         + ([("cuda", "reference"), ("cuda", "triton")] if torch.cuda.is_available() else []))
 
 
 def runnable(backend: str) -> str:
@@ -19,24 +22,24 @@ def runnable(backend: str) -> str:
     return backend
 
 
-def seed() -> torch.Tensor:
-    return torch.tensor([7], dtype=torch.int64)
+def seed(device: str = "cpu") -> torch.Tensor:
+    return torch.tensor([7], dtype=torch.int64, device=device)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("device, backend", CASES)
 @pytest.mark.parametrize("request_k, request_m, rounding", [
     ("packed", "", "rne"),
     ("hadamard,fp8=seg128,amax", "hadamard,packed", "rne"),
     ("hadamard,fp8=seg128", "hadamard,fp8=tile128", "sr"),
     ("packed,fp8=row", "packed,fp8=row,amax", "rne"),
 ], ids=["packed", "fwd-x", "grad-sr", "rowwise"])
-def test_quantize_opcheck(backend, request_k, request_m, rounding):
-    x = torch.randn(128, 256, dtype=torch.bfloat16)
-    torch.library.opcheck(torch.ops.adahop.quantize.default,
-                          (x, None, None, seed(), request_k, request_m, 32, rounding, "propagate", runnable(backend)))
+def test_quantize_opcheck(device, backend, request_k, request_m, rounding):
+    x = torch.randn(128, 256, dtype=torch.bfloat16, device=device)
+    torch.library.opcheck(torch.ops.adahop.quantize.default, (x, None, None, seed(device), request_k, request_m, 32,
+                                                              rounding, "propagate", runnable(backend)))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", [b for d, b in CASES if d == "cpu"])
 def test_quantize_outputs_match_the_reference_encodings(backend):
     x = torch.randn(128, 256)
     outs = library.quantize(x, None, None, None, "hadamard,packed,fp8=seg128,amax", "packed,fp8=tile128", 32,
@@ -54,10 +57,10 @@ def test_quantize_outputs_match_the_reference_encodings(backend):
     assert torch.equal(amax, x.abs().amax(1))  # before the transform
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_fp8_encode_dequantize_row_absmax_opcheck(backend):
+@pytest.mark.parametrize("device, backend", CASES)
+def test_fp8_encode_dequantize_row_absmax_opcheck(device, backend):
     backend = runnable(backend)
-    x = torch.randn(128, 256)
+    x = torch.randn(128, 256, device=device)
     codes, scales = library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")[:2]
     for layout in ("row", "seg128", "tile128"):
         torch.library.opcheck(torch.ops.adahop.fp8_encode.default, (codes, scales, layout, backend))

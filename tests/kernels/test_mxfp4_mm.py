@@ -109,9 +109,9 @@ def test_nan_block_poisons_its_output_row_only(path, device):
 def test_fp8_path_uses_the_emitted_fp8_operand(device):
     a, b = operand(32, 64, 8, device), operand(16, 64, 9, device)
     # Deliberately wrong FP8 payloads: if mxfp4_mm re-encoded instead of using them, C would be nonzero.
-    a.fp8 = torch.zeros(32, 64, dtype=torch.float8_e4m3fn, device=device)
-    a.fp8_scale = torch.ones(32, 1, device=device)
-    b.fp8, b.fp8_scale = to_fp8_rowwise_ref(b)
+    a = MXFP4Tensor(a.codes, a.scales, torch.zeros(32, 64, dtype=torch.float8_e4m3fn, device=device),
+                    torch.ones(32, 1, device=device))
+    b = MXFP4Tensor(b.codes, b.scales, *to_fp8_rowwise_ref(b))
     assert ops.mxfp4_mm(a, b, torch.float32, path=GemmPath.FP8_ROWWISE).eq(0).all()
 
 
