@@ -639,7 +639,7 @@ def write_table(
     Equivalent to a pivot of :func:`summarize` over :func:`collect_records` plus the paper's entries.
     """
     results_dir = Path(results_dir)
-    # the same header whether the workflow (a relative path) or scripts/ingest_runs.py (absolute) writes it
+    # the same header whether the folder is given relative (the workflow) or absolute (a call by hand)
     full = results_dir.resolve()
     shown = full.relative_to(REPO_ROOT) if full.is_relative_to(REPO_ROOT) else results_dir
     rows = summarize(collect_records(results_dir))

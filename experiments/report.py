@@ -63,8 +63,8 @@ def signed(v: float, digits: int = 3) -> str:
     return f"{v:+.{digits}f}"
 
 
-def times(v: float) -> str:
-    return f"{v:.2f}×"
+def times(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}×"
 
 
 def span(values: Iterable[float], fmt: Callable[[float], str]) -> str:
@@ -76,8 +76,16 @@ def span(values: Iterable[float], fmt: Callable[[float], str]) -> str:
     return lo if lo == hi else f"{lo}–{hi}"
 
 
-def gib(n_bytes: float) -> str:
-    return f"{n_bytes / 2**30:.2f} GiB"
+def gib(n_bytes: float | None) -> str:
+    return "n/a" if n_bytes is None else f"{n_bytes / 2**30:.2f} GiB"
+
+
+def count(n: float, digits: int = 0) -> str:
+    """``135M``, ``30k``: a count in the unit that keeps it readable."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.{digits}f}{unit}"
+    return f"{n:.0f}"
 
 
 def table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -155,11 +163,11 @@ def regime(res: Results) -> str:
     models = sorted({r["model"] for r in runs})
     params = statistics.median(r["params"] for r in runs)
     tokens = statistics.median(r["tokens"] for r in runs)
-    text = f"{'/'.join(models)} ({params / 1e6:.0f}M parameters), {tokens / 1e6:.0f}M tokens"
+    text = f"{'/'.join(models)} ({count(params)} parameters), {count(tokens)} tokens"
     corpus = [r for d in res.stage("corpus").values() for r in d["records"] if r.get("kind") == "total"]
     if corpus:
         train = corpus[0]["tokens"]["train"]
-        text += f" of a {train / 1e6:.1f}M-token corpus (seen {tokens / train:.1f}×)"
+        text += f" of a {count(train, 1)}-token corpus (seen {tokens / train:.1f}×)"
     return text
 
 
@@ -264,7 +272,7 @@ def findings(res: Results) -> list[str]:
                 if r["op"] == "mxfp4_mm"] if kern else []
         iht = [r["ratio_to_peers"].get("nn.Linear-bf16") or 0 for r in layer["records"]
                if r["op"].endswith("[iht]")] if layer else []
-        if gemm and iht:
+        if gemm and iht and device(kern) != "CPU":
             line += (f" The MXFP4 GEMM alone beats cuBLAS bf16 at {sum(v > 1 for v in gemm)} of {len(gemm)} shapes "
                      f"and the IHT layer beats `nn.Linear` at {sum(v > 1 for v in iht)} of {len(iht)}, but a small "
                      "model's step is bound by the converted layers' host-side work outside `torch.compile` "
@@ -402,7 +410,7 @@ def throughput_section(res: Results) -> list[str]:
             mode = f"{r['model']}, {'compiled' if r.get('compile') else 'eager'}, {r.get('world_size', 1)} GPU(s), batch {r.get('batch_size')}"
             rows.append([name, mode, recipe, f"{r['tokens_per_s'] / 1e3:.1f}k",
                          "—" if base is None or recipe == "bf16" else times(r["tokens_per_s"] / base["tokens_per_s"]),
-                         "n/a" if r.get("mfu") is None else f"{r['mfu']:.1%}", f"{r['peak_mem_gib']:.1f} GiB",
+                         "n/a" if r.get("mfu") is None else f"{r['mfu']:.1%}", "n/a" if r.get("peak_mem_gib") is None else f"{r['peak_mem_gib']:.1f} GiB",
                          short(doc["provenance"].get("git_commit"))])
     if not rows:
         return ["No throughput results in this profile."]

@@ -3,9 +3,10 @@
 ``adahop.patterns.PatternDetector`` scores an operand ``x (M, K)`` by the RMS of its rows and
 columns after dividing each column by its median ``|x|`` and each row by its own. In PyTorch that
 is two ``torch.median(dim=1)`` (a selection per line) and half a dozen fp32 elementwise passes:
-on the H200 the detector ran at 19-31 GB/s on the activation shapes, 0.2x its own plain-RMS
-variant (``results/microbench/gpu/kernels.json`` at 5779bdd), and AdaHOP's calibrating steps
-label every layer's x, w and grad_output.
+on the H200 that detector runs at 20-29 GB/s on the activation shapes, under 1% of the copy
+bandwidth (peer ``torch-reference`` of ``test_pattern_detection`` in
+``results/microbench/gpu/kernels.json``), and AdaHOP's calibrating steps label every layer's x, w
+and grad_output.
 
 **Medians** (:func:`abs_median`). A median is an order statistic, so it needs counting rather
 than sorting. The magnitude bits of a float (sign bit cleared) order like the values, so the lower
@@ -47,11 +48,11 @@ from adahop.checks import check_scaled_mean_squares_input
 from adahop_kernels._common import INTERPRETED, check_device, check_line_input, split_lines, to_fp32
 
 # Bits resolved per pass. Each candidate digit keeps an elementwise counter across the line (summed
-# once per program, not per tile): the first version counted all 16 digits of a 4-bit pass with a
-# per-tile reduction each and ran at 0.33-0.52x torch.median's detector on the H200 (kernels.json
-# at bf486af; 16 reductions per tile against one read of x, the likely bound, not profiled). Two
-# bits: three counters, eight passes of x; the detector on it ran at 2.3-3.5x torch.median's
-# (kernels.json at 27d18ee).
+# once per program, not per tile): 4-bit passes, counting all 16 digits with a per-tile reduction
+# each, measure 0.33-0.52x torch.median's detector on the H200 (16 reductions per tile against one
+# read of x, the likely bound, not profiled). Two bits: three counters, eight passes of x; the
+# detector on it runs at 2.3-3.5x torch.median's (peer ``torch-reference`` in
+# results/microbench/gpu/kernels.json).
 RADIX_BITS = 2
 # Per dtype: the integer view of its bits, the magnitude-bit mask, the number of magnitude bits, and
 # the largest finite-or-infinite key (a key above it is a NaN).

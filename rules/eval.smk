@@ -5,18 +5,21 @@
 rule eval:
     input:
         script=stage_input("experiments/evaluate.py"),
-        run=stage_input(f"runs/{PROFILE}/{RUN}"),
+        # The run's results file says its training is done and its hf/ export written (the run
+        # folder is not an output of pretrain: rules/pretrain.smk).
+        pretrain=stage_input(results_path("pretrain", RUN)),
         # corpus_ppl (held-out perplexity of our corpus) reads these.
         corpus=[stage_input(f"{CORPUS_DIR}/{name}") for name in ("val.bin", "meta.json", "tokenizer.json")],
     output:
         results_path("eval", RUN),
     params:
+        checkpoint=f"runs/{PROFILE}/{RUN}/hf",
         eval=config["eval"],
     log:
         log_path("eval", RUN),
     shell:
         # --no-table: the per-folder table is written once by eval_table, not raced by parallel jobs.
-        script_cmd("{input.script}", "--checkpoint {input.run}/hf --out {output} --no-table")
+        script_cmd("{input.script}", "--checkpoint {params.checkpoint} --out {output} --no-table")
 
 
 rule eval_table:

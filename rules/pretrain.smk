@@ -1,8 +1,11 @@
 # Pretraining: one run per (model size, recipe, seed) on the profile's corpus.
 #
-# The run folder is an output as a whole, so a rerun (changed settings, changed script) starts
-# from scratch instead of resuming from checkpoints written with other settings. A run that was
-# interrupted outside Snakemake resumes by calling the script by hand with the same --out.
+# The run folder runs/<profile>/<run>/ (checkpoints, metrics, the exported hf/ model) is a param,
+# not an output: Snakemake deletes a job's outputs before it runs and when it fails, and a run cut
+# at a wall-time limit (SIGTERM: checkpoint, exit 75) must keep its checkpoints, so that the next
+# `snakemake` resumes it there. The results file, written once training ends, is the output that
+# says the run is done. A run whose settings change meets checkpoints written with other settings:
+# the script refuses it, naming the changed keys; delete its run folder to start it again.
 
 PRETRAIN = config["pretrain"]
 # Keys of the pretrain section that choose which runs exist; the others are training settings
@@ -31,8 +34,8 @@ rule pretrain:
         corpus=[stage_input(p) for p in rules.corpus.output.data],
     output:
         results=results_path("pretrain", RUN),
-        run=directory(f"runs/{PROFILE}/{RUN}"),
     params:
+        run=f"runs/{PROFILE}/{RUN}",
         train=TRAIN_SETTINGS,
     log:
         log_path("pretrain", RUN),
@@ -40,5 +43,5 @@ rule pretrain:
         script_cmd(
             "{input.script}",
             "--model {wildcards.model} --recipe {wildcards.recipe} --seed {wildcards.seed}",
-            f"--data {CORPUS_DIR} --out {{output.run}} --results {{output.results}} --no-progress",
+            f"--data {CORPUS_DIR} --out {{params.run}} --results {{output.results}} --no-progress",
         )

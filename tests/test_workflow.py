@@ -1,8 +1,9 @@
-"""The Snakemake workflow: lint, the DAG of every profile, the config schema, committed results.
+"""The Snakemake workflow: lint, the DAG of every profile, the config schema, committed results,
+a pretraining job cut by SIGTERM and resumed.
 
-Each test runs snakemake (dry runs only) in a copy of the workflow's files in a temporary folder,
-so outputs already present in the repository (a smoke run, committed GPU results) never change
-what a test sees.
+Each test runs snakemake (dry runs, and one tiny CPU pretraining job) in a copy of the workflow's
+files in a temporary folder, so outputs already present in the repository (a smoke run,
+committed GPU results) never change what a test sees.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -413,3 +415,71 @@ def test_benchmarks_alone_under_a_renamed_gpu_profile(workflow):
     for path in ("results/microbench/mygpu/kernels.json", "results/layer_bench/mygpu/layers.json",
                  "results/memory/mygpu/memory.json"):
         assert path in out.output
+
+
+# --------------------------------------------------------------------------- a cut run resumes
+
+
+def job_processes(cwd: Path, script: str) -> list[int]:
+    """Pids of the processes running ``script`` in folder ``cwd`` (read from /proc): the jobs of
+    a snakemake started there, not its shell wrappers."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            inside = (proc / "cwd").resolve() == cwd.resolve()
+        except (FileNotFoundError, PermissionError, ProcessLookupError, NotADirectoryError):
+            continue
+        if inside and argv[0].endswith(b"python") and script.encode() in argv:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_pretraining_cut_by_sigterm_keeps_its_run_folder_and_resumes_on_the_next_call(workflow, word_corpus):
+    # A wall-time limit SIGTERMs the job: the script checkpoints the step and exits 75, Snakemake
+    # fails the job and deletes its outputs; the run folder, not among them, keeps the checkpoint
+    # from which the next `snakemake` call goes on.
+    smoke = profile("smoke")
+    smoke["pretrain"].update(recipes=["bf16"], seeds=[0], steps=30, batch_size=2, seq_len=32, eval_interval=0,
+                             eval_batches=1, checkpoint_interval=0, log_interval=1, warmup_steps=2)
+    (workflow / "config" / "smoke.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
+    # The corpus stage's outputs, newer than its script: present, not rebuilt (it downloads).
+    data = workflow / "data" / smoke["corpus"]["name"]
+    shutil.copytree(word_corpus(0, 40), data)
+    (data / "manifest.json").write_text("{}")
+    write_empty_results(workflow / "results" / "corpus" / "smoke" / f"{smoke['corpus']['name']}.json")
+    run, target = workflow / "runs" / "smoke" / "tiny_bf16_s0", "results/pretrain/smoke/tiny_bf16_s0.json"
+    assert snakemake(workflow, "-n", target).output.count("rule pretrain:") == 1  # only the run is to do
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    first = subprocess.Popen([str(SNAKEMAKE), target, "--cores", "1"], cwd=workflow, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ((run / "metrics.jsonl").exists() and len((run / "metrics.jsonl").read_text().splitlines()) >= 3):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[0][-3000:]
+            time.sleep(0.1)
+        jobs = job_processes(workflow, "experiments/pretrain.py")
+        assert len(jobs) == 1, jobs
+        os.kill(jobs[0], signal.SIGTERM)
+        output, _ = first.communicate(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+    assert first.returncode != 0, output[-3000:]
+    assert "exit status 75" in output, output[-3000:]
+    assert not (workflow / target).exists()
+    checkpoints = [c.name for c in (run / "checkpoints").iterdir()]
+    assert len(checkpoints) == 1, checkpoints
+    cut = int(checkpoints[0].removeprefix("step_").removesuffix(".pt"))
+    assert 3 <= cut < smoke["pretrain"]["steps"], checkpoints
+
+    second = snakemake(workflow, target, "--cores", "1")
+    assert second.returncode == 0, second.output[-3000:]
+    (record,) = json.loads((workflow / target).read_text())["records"]
+    # One segment from step 0 and one from the checkpoint: resumed, not restarted.
+    assert [s["from_step"] for s in record["segments"]] == [0, cut]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "loss" in r and "event" not in r] == list(range(1, smoke["pretrain"]["steps"] + 1))
+    assert {"step": cut, "event": "stopped", "reason": "signal SIGTERM"} in rows

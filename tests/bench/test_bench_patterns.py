@@ -1,8 +1,9 @@
 """Pattern detection GB/s against the copy bandwidth: what one calibrating GEMM operand costs.
 
 AdaHOP's calibrating steps label every layer's x, w and grad_output (``adahop.patterns``); on the
-H200 each took 2.4-2.5 s more than a ~0.3 s plain step of the 125m runs at 1773913 and 86d04bf, and
-1.0 s more at 5779bdd (``results/quality/gpu/quality.md``, where the training time went). The detector runs its mean
+H200 each costs from a fraction of a second to 2.5 s more than a ~0.3 s plain step of the 125m runs,
+by the code each run trained with (``results/quality/gpu/quality.md``, where the training time went,
+and the commit of each run's results). The detector runs its mean
 squares on the one-read kernel of ``kernels/pattern_stats.py`` and its line medians on
 ``adahop.ops.ABS_MEDIAN_CUDA``: the faster, for each shape, of ``torch.median`` and the
 radix-select kernel, timed on the first call (the warm-up here). Peers, in the same run:
