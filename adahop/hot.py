@@ -80,7 +80,8 @@ class IntTensor:
     scale: torch.Tensor
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return (self.values.to(torch.float32) * self.scale).to(dtype)
+        wide = torch.float64 if dtype is torch.float64 else torch.float32
+        return (self.values.to(wide) * self.scale.to(wide)).to(dtype)
 
 
 class HotPaths(NamedTuple):
@@ -134,7 +135,7 @@ def hadamard(n: int, device: torch.device | str | None = None) -> torch.Tensor:
 def walsh_sequency(n: int) -> torch.Tensor:
     """The ±1 Walsh basis ``(n, n)`` fp64, rows in sequency order (by sign changes), as HOT's
     ``make_WHT`` builds it before selecting rows. The oracle of :func:`lowrank_tokens`."""
-    h = hadamard(n).double() * n**0.5
+    h = hadamard(n).sign().double()
     changes = (h[:, 1:] != h[:, :-1]).sum(1)
     return h[changes.argsort()]
 
@@ -224,12 +225,19 @@ def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | 
 # Integer GEMMs: A · Bᵀ with the scales applied after the exact integer product
 
 
+def _scaled(c: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    # The exact integer product rounded once to fp32, then the two scales in fp32: the same bits
+    # on every path.
+    return (c.to(torch.float32) * sa * sb).to(out_dtype)
+
+
 def mm_int4(a: IntTensor, b: IntTensor, path: str, out_dtype: torch.dtype) -> torch.Tensor:
     """``A · Bᵀ`` of INT4 operands A ``(M, K)`` and Bᵀ ``(N, K)`` (per-row or per-tensor scales).
 
     ``fp8-rowwise``: the integers as FP8 E4M3 (exact) through ``torch._scaled_mm``, K a multiple
-    of 16; ``dequant-matmul``: an fp32 GEMM of the integers (exact below 2**24 / 49 terms);
-    ``reference``: float64. Every path is exact up to the fp32 accumulation and the output rounding.
+    of 16; ``dequant-matmul``: an fp32 GEMM of the integers (exact while K·49 < 2**24);
+    ``reference``: the float64 product. The integer product is exact on every path, rounded once to
+    fp32, then scaled (inside cuBLAS for a bfloat16 output on ``fp8-rowwise``).
     """
     m, n = a.values.shape[0], b.values.shape[0]
     sa, sb = a.scale.expand(m, 1), b.scale.expand(n, 1)
@@ -238,8 +246,7 @@ def mm_int4(a: IntTensor, b: IntTensor, path: str, out_dtype: torch.dtype) -> to
         fb = b.values.to(torch.float32).to(torch.float8_e4m3fn)
         return fp8_mm(fa, sa.contiguous(), "row", fb, sb.contiguous(), "row", out_dtype)
     dtype = torch.float64 if path == "reference" else torch.float32
-    c = a.values.to(dtype) @ b.values.to(dtype).t()
-    return (c * sa.to(dtype) * sb.to(dtype).t()).to(out_dtype)
+    return _scaled(a.values.to(dtype) @ b.values.to(dtype).t(), sa, sb.t(), out_dtype)
 
 
 def int_mm_fits(m: int, k: int, n: int) -> bool:
@@ -253,14 +260,15 @@ def mm_int8(a: IntTensor, b_t: IntTensor, path: str, out_dtype: torch.dtype) -> 
 
     ``int-mm``: ``torch._int_mm`` (int32 accumulation, exact) where its shapes fit
     (:func:`int_mm_fits`), else the float64 product on the device (exact too); ``reference``: float64.
+    Both paths give the same bits (the exact product, rounded once to fp32, then scaled).
     """
     m, k = a.values.shape
     n = b_t.values.shape[1]
     if path == "int-mm" and int_mm_fits(m, k, n):
-        c = torch._int_mm(a.values.contiguous(), b_t.values.contiguous()).to(torch.float32)
-        return (c * a.scale * b_t.scale).to(out_dtype)
-    c = a.values.to(torch.float64) @ b_t.values.to(torch.float64)
-    return (c * a.scale.double() * b_t.scale.double()).to(out_dtype)
+        c = torch._int_mm(a.values.contiguous(), b_t.values.contiguous())
+    else:
+        c = a.values.to(torch.float64) @ b_t.values.to(torch.float64)
+    return _scaled(c, a.scale, b_t.scale, out_dtype)
 
 
 # ---------------------------------------------------------------------------------------------
