@@ -168,6 +168,8 @@ class QuantLinear(nn.Linear):
         """The :class:`LayerPlan` of a call with ``tokens`` (padded) rows of ``dtype`` on ``device``."""
         strategies = self.active_strategies
         gemm = _gemm_config(device, resolve_backend(device).value)
+        if any(s.hot for s in strategies.values()) and not torch.compiler.is_compiling():
+            hot.hot_gemm_path(device, gemm.backend)  # logs HOT's GEMM paths once per device
         shapes = {"fwd": (tokens, self.out_features, self.in_features),
                   "dgrad": (tokens, self.in_features, self.out_features),
                   "wgrad": (self.out_features, self.in_features, tokens)}
