@@ -205,6 +205,12 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     # check would read them on the host.
     if codes.device.type != "meta" and not torch.compiler.is_compiling() and codes.numel() and int(codes.max()) > 15:
         raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
+    return _e2m1_values(codes)
+
+
+def _e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    # Unchecked: for nibbles unpacked from bytes, always 0..15 (no data-dependent check, which
+    # would sync the device and stop torch.compile from tracing the reference GEMM).
     table = torch.tensor(E2M1_VALUES + tuple(-v for v in E2M1_VALUES), device=codes.device)
     return table[codes.long()]
 
@@ -223,7 +229,7 @@ def dequantize_mxfp4_ref(t: MXFP4Tensor, dtype: torch.dtype = torch.float32) -> 
     from adahop.checks import check_mxfp4_tensor  # adahop.checks imports this module
 
     check_mxfp4_tensor(t, "t")
-    vals = e2m1_to_float(unpack_e2m1(t.codes))
+    vals = _e2m1_values(unpack_e2m1(t.codes))
     lead, k = vals.shape[:-1], vals.shape[-1]
     scale = e8m0_to_float(t.scales).unsqueeze(-1)
     out = vals.double().reshape(*lead, k // BLOCK_SIZE, BLOCK_SIZE) * scale.double()
@@ -253,7 +259,7 @@ def to_fp8_rowwise_ref(t: MXFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     finite_exp = torch.where(t.scales == E8M0_NAN, torch.full_like(exp, -E8M0_BIAS), exp)
     row_max = finite_exp.amax(dim=-1, keepdim=True)
     rel = (finite_exp - row_max + FP8_ROW_OFFSET).double()
-    vals = e2m1_to_float(unpack_e2m1(t.codes)).double()
+    vals = _e2m1_values(unpack_e2m1(t.codes)).double()
     m, k = vals.shape
     vals = vals.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE) * torch.exp2(rel).unsqueeze(-1)
     nan_blocks = (t.scales == E8M0_NAN).unsqueeze(-1).expand_as(vals)
@@ -317,7 +323,7 @@ def to_fp8_ref(t: MXFP4Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]
         r_blocks = r.repeat_interleave(FP8_GROUP, 0).repeat_interleave(per_group, 1)
         scale = torch.exp2((r - FP8_ROW_OFFSET).double()).float()
     rel = (finite_exp - r_blocks + FP8_ROW_OFFSET).double()
-    vals = e2m1_to_float(unpack_e2m1(t.codes)).double().reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
+    vals = _e2m1_values(unpack_e2m1(t.codes)).double().reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
     vals = vals * torch.exp2(rel).unsqueeze(-1)
     vals = torch.where((t.scales == E8M0_NAN).unsqueeze(-1), torch.full_like(vals, float("nan")), vals)
     return vals.reshape(m, k).to(torch.float8_e4m3fn), scale
@@ -328,6 +334,7 @@ def fp8_group_scale(scale: torch.Tensor, layout: str, shape: tuple[int, int]) ->
     :func:`to_fp8_ref` broadcast over its groups, so that ``fp8.float() * fp8_group_scale(...)`` is the
     dequantized operand."""
     m, k = shape
+    check_fp8_layout(layout, m, k, "shape")
     if layout == "row":
         return scale.expand(m, k)
     if layout == "seg128":

@@ -396,6 +396,14 @@ def _layer_cases() -> list[Case]:
                     "sr"),
         _layer_case("dY", Side(False, None, packed=False, fp8="seg128", amax=True),
                     Side(True, torch.ones(256), fp8="seg128"), "sr"),
+    ]
+
+
+def _one_side_fp8_cases() -> list[Case]:
+    """In-kernel FP8 of one orientation at the other input dtypes."""
+    from adahop_kernels.hadamard_quantize import Side
+
+    return [
         _layer_case("one side", Side(True, None, fp8="tile128", amax=True), None, dtype=torch.float32),
         _layer_case("one side", None, Side(True, None, packed=False, fp8="seg128"), "sr", dtype=torch.float16),
     ]
@@ -464,7 +472,8 @@ def default_cases() -> list[Case]:
 def full_cases() -> list[Case]:
     """:func:`default_cases`, every combination of the quantizer's flags at bf16 and Hadamard size 32
     (the training layer's among them), every input dtype x Hadamard size x orientation, SR with signs
-    in each orientation, and the fp16 outputs of the other launchers."""
+    in each orientation, in-kernel FP8 of one orientation at fp32 and fp16 input, and the fp16
+    outputs of the other launchers."""
     q = _quantize_case
     cases = default_cases()
     bools = (False, True)
@@ -477,6 +486,7 @@ def full_cases() -> list[Case]:
               for d in (torch.bfloat16, torch.float32, torch.float16) for hs in (16, 32, 64, 128)
               for t in (False, True, None)]
     cases += [q(transpose=t, signs=True, signs_t=True, rounding="sr") for t in (False, True, None)]
+    cases += _one_side_fp8_cases()
     cases += _other_cases((torch.float16,))
     return list({c.name: c for c in cases}.values())
 

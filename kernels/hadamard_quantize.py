@@ -50,18 +50,24 @@ error's own spread of ~0.29 step, for half the random bits' instructions of 32-b
 
 Throughput (measured on the H200 by ``tests/bench/test_bench_quantize.py``, figures in
 ``results/microbench/gpu/``). Minimal bytes per value with bf16 input: read 2; write per
-orientation 0.5 + 1/32 packed, 1 + 1/128 FP8 seg128, 1 + 1/16384 FP8 tile128. An H200 issues
+orientation 0.5 + 1/32 packed, 1 + 1/32 FP8 seg128, 1 + 1/4096 FP8 tile128. An H200 issues
 132 SMs × 4 warp-instructions a cycle × ~1.9 GHz; at 85% of the 4.28 TB/s copy rate and 2.53 B a
 value that leaves ~0.73 warp-instructions per value, so the CUDA-core work is the constraint, not
-the tensor cores or memory. Counted on the sm_90 SASS (``scripts/sass_count.py``), per value,
-packed MXFP4 along K: RNE, H32 0.69 (no Hadamard 0.60, with signs 0.76, fp32 input 0.93 against
-its own budget of ~1.1); along M 0.72; dual 1.34 for two orientations (budget ~0.88 at its 3.06
-B/value); SR 1.56 (one 10-round Philox call per four values): SR is compute-bound by its random
-bits. The packing tricks: codes from the fp32 bit patterns (one add rounds to the grid), integer
-block max (also finds NaN/Inf), eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR
-mask, and H's columns permuted so each MMA lane holds consecutive outputs (no data moves before
-the packing). A variant with several row tiles per program (next load in flight) measured half
-this kernel's rate (the ``kernels-multitile`` file in ``results/microbench/gpu/``).
+the tensor cores or memory. Counted on the sm_90 SASS (``scripts/sass_count.py``; here the hot
+path, without the two rare branches), per value: packed along K, RNE, H32 0.68 (no Hadamard 0.60,
+with signs 0.75, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.34 for two
+orientations (budget ~0.88 at its 3.06 B/value); SR 1.11 (the Philox rounds dominate); seg128 FP8
+alone along K 0.83 (budget ~0.83 at 3.03 B/value). The layer's steps at 128×128, 8 warps: X
+(seg128 + packed) 1.47 against a budget of ~0.98, W (tile128 both ways) 1.57 against ~1.1, dY (SR,
+seg128 both ways) 2.6 against ~1.3 at 70%: two orientations cost twice the issue slots of one
+while the bytes grow by less, so the dual steps stay issue-bound. The packing tricks: codes from
+the fp32 bit patterns (one add rounds to the grid), integer block max (also finds NaN/Inf), eight
+codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, FP8 bytes four a 32-bit word
+from the same pairing of codes (a shuffle of the packed words instead replicates them across
+lanes in Triton's layouts: 0.5 more a value on the SASS), and H's columns permuted so each MMA lane
+holds consecutive outputs (no data moves before the packing). A variant with several row tiles
+per program (next load in flight) measured half this kernel's rate (the ``kernels-multitile``
+file in ``results/microbench/gpu/``).
 """
 
 from __future__ import annotations
@@ -354,7 +360,7 @@ def _configs_that_fit(configs: list[triton.Config], nargs: dict, **kw) -> list[t
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
     for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
-                      (128, 128, 8), (128, 128, 16), (128, 256, 16), (256, 128, 16))
+                      (128, 128, 8), (128, 128, 16))
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]

@@ -45,7 +45,10 @@ def _skipped(name: str, skip: Iterable[str]) -> bool:
 
 
 def quant_layers(model: nn.Module) -> Iterable[tuple[str, QuantLinear]]:
-    return ((n, mod) for n, mod in model.named_modules() if isinstance(mod, QuantLinear))
+    """``(name, layer)`` for every :class:`QuantLinear` of ``model``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return [(n, mod) for n, mod in model.named_modules() if isinstance(mod, QuantLinear)]
 
 
 def _group_siblings(model: nn.Module, groups: Iterable[Iterable[str]]) -> None:
@@ -83,12 +86,12 @@ def convert(
     Converting a model already converted under another recipe is an error; a model with nothing
     to convert comes back unchanged, with a warning.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     recipe = get_recipe(recipe, **overrides)
     skip = _skip_names(skip)
     if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     existing = list(quant_layers(model))
     others = sorted({layer.recipe.name for _, layer in existing if layer.recipe != recipe})
     if others:

@@ -104,6 +104,9 @@ class QuantLinear(nn.Linear):
         dtype: torch.dtype | None = None,
         **overrides: Any,
     ) -> None:
+        for name, value in (("in_features", in_features), ("out_features", out_features), ("layer_id", layer_id)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
         recipe = get_recipe(recipe, **overrides)
         if not recipe.swaps_linear:
             raise ValueError(f"recipe {recipe.name!r} runs every GEMM in BF16: use nn.Linear")
@@ -330,6 +333,7 @@ class QuantLinear(nn.Linear):
         self.strategies = decide(self.recipe.policy, self.calibration, self.recipe.table,
                                  f"layer {self.layer_id}", self.recipe.measured_margin)
         self.phase = "fixed"
+        self._plans.clear()  # plans hold the strategies
         self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies)})
 
     def checked_map(self, strategies: Mapping[str, Strategy | str]) -> dict[str, Strategy]:
@@ -352,6 +356,7 @@ class QuantLinear(nn.Linear):
         recipe); a recalibrating recipe still recalibrates on its schedule."""
         self.strategies = self.checked_map(strategies)
         self.phase, self.recalibration = "fixed", None
+        self._plans.clear()
         self.fixed_at.append({"step": self.step, "strategies": strategies_to_dict(self.strategies), "from": "map"})
 
     # -- state

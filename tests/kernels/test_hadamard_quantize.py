@@ -346,8 +346,8 @@ def test_dual_equals_two_single_calls(rounding, flags, device):
 
 @pytest.mark.parametrize("rows", [200, 224], ids=lambda r: f"rows{r}")
 def test_programs_of_several_tiles_match_reference(rows, device, monkeypatch):
-    # 32-row tiles, two a program (the prefetching loop): 200 rows end in a partial tile of a
-    # program's first half, 224 rows leave the last program one whole tile and no second one.
+    # 32-row tiles over several programs: 200 rows end in a partial tile (masked rows), 224 in a
+    # whole one.
     if device == "cpu":
         monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 32, "BLOCK_K": 64})
     x = exact_transform_input(rows, 128, rows)
