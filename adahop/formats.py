@@ -181,9 +181,7 @@ def pack_e2m1(codes: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"codes must be a torch.Tensor, got {type(codes).__name__}")
     if codes.dtype != torch.uint8 or codes.dim() < 1:
         raise ValueError(f"codes must be uint8 of at least one dimension, got {codes.dtype} of shape {tuple(codes.shape)}")
-    # Checked eagerly only: inside a compiled graph the codes come from the quantizer, and the
-    # check would read them on the host.
-    if codes.device.type != "meta" and not torch.compiler.is_compiling() and codes.numel() and int(codes.max()) > 15:
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
         raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     if codes.shape[-1] % 2:
         raise ValueError(f"cannot pack an odd number of codes ({codes.shape[-1]})")
@@ -201,9 +199,7 @@ def e2m1_to_float(codes: torch.Tensor) -> torch.Tensor:
     """Value of each E2M1 code (uint8 0..15) as fp32."""
     if not isinstance(codes, torch.Tensor) or codes.dtype != torch.uint8:
         raise ValueError(f"codes must be uint8, got {getattr(codes, 'dtype', type(codes).__name__)}")
-    # Checked eagerly only: inside a compiled graph the codes come from the quantizer, and the
-    # check would read them on the host.
-    if codes.device.type != "meta" and not torch.compiler.is_compiling() and codes.numel() and int(codes.max()) > 15:
+    if codes.device.type != "meta" and codes.numel() and int(codes.max()) > 15:
         raise ValueError(f"codes must be E2M1 codes 0..15, got a {int(codes.max())}")
     return _e2m1_values(codes)
 
