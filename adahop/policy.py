@@ -17,6 +17,10 @@ Two policies turn calibration into per-GEMM strategies:
 
 * ``table``: majority-vote labels → pattern pairs → :class:`StrategyTable` (the reference table of
   DESIGN §1 by default).
+* ``lqs`` (HOT's layer-wise quantizer selection, :mod:`adahop.hot`): BF16 ``fwd``, HOT's
+  low-rank INT8 ``wgrad``, and for ``dgrad`` HOT's INT4 GEMM with grad_output scaled per tensor,
+  or per token where that cuts the measured quantization error by more than the recipe's
+  ``measured_margin`` (HOT: one half).
 * ``measured``: per GEMM, the FP4 strategy with the lowest relative output error summed over the
   calibration batches, an OE strategy only when it beats ``mxfp4``/``iht`` by a margin (it
   costs a BF16 GEMM of k rows, and never has a higher error). BF16 is not a candidate (it would
@@ -45,6 +49,11 @@ class Strategy(str, enum.Enum):
     BF16: unquantized, in the layer's compute dtype. MXFP4: both operands quantized, no transform.
     IHT: block-Hadamard along the inner dimension, then MXFP4. IHT_OE_LEFT / IHT_OE_RIGHT: IHT,
     with the ``k`` outer rows of largest magnitude of A (left) or of Bᵀ (right) computed in BF16.
+
+    HOT's GEMMs (:mod:`adahop.hot`), each for one slot: HOT_INT4 / HOT_INT4_TOKEN (``dgrad``): a
+    block-16 Hadamard along ``out`` on dY and W, both in INT4 (dY stochastically rounded with one
+    scale per tensor, or per token; W SAWB-clipped per tensor). HOT_LOWRANK_INT8 (``wgrad``): dY and
+    X projected onto the lower half of the Walsh sequencies along tokens, then INT8 (X saved so).
     """
 
     BF16 = "bf16"
@@ -52,14 +61,42 @@ class Strategy(str, enum.Enum):
     IHT = "iht"
     IHT_OE_LEFT = "iht+oe-left"
     IHT_OE_RIGHT = "iht+oe-right"
+    HOT_INT4 = "hot-int4"
+    HOT_INT4_TOKEN = "hot-int4-token"
+    HOT_LOWRANK_INT8 = "hot-lowrank-int8"
 
     @property
     def quantized(self) -> bool:
         return self is not Strategy.BF16
 
     @property
+    def mxfp4(self) -> bool:
+        """Runs through the MXFP4 quantizers (MXFP4, IHT and its OE variants)."""
+        return self.quantized and not self.hot
+
+    @property
     def hadamard(self) -> bool:
-        return self not in (Strategy.BF16, Strategy.MXFP4)
+        return self.mxfp4 and self is not Strategy.MXFP4
+
+    @property
+    def hot(self) -> bool:
+        return self in HOT_SLOTS
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """The slots this strategy can run: HOT's GEMMs one each, every other strategy all three."""
+        return HOT_SLOTS.get(self, SLOTS)
+
+
+HOT_SLOTS: dict[Strategy, tuple[str, ...]] = {
+    Strategy.HOT_INT4: ("dgrad",), Strategy.HOT_INT4_TOKEN: ("dgrad",), Strategy.HOT_LOWRANK_INT8: ("wgrad",),
+}
+
+
+def check_slot(slot: str, strategy: Strategy, where: str) -> None:
+    """ValueError when ``strategy`` cannot run ``slot`` (HOT's GEMMs are each one slot's)."""
+    if slot not in strategy.slots:
+        raise ValueError(f"{where}: strategy {strategy.value!r} runs only {list(strategy.slots)}, not {slot!r}")
 
 
 def parse_strategy(value: Strategy | str) -> Strategy:
@@ -124,7 +161,12 @@ class StrategyTable:
         if set(mapping) != keys:
             missing, extra = sorted(keys - set(mapping)), sorted(set(mapping) - keys)
             raise ValueError(f"a strategy table needs exactly the nine pairs; missing {missing}, unknown {extra}")
-        return cls(tuple(sorted((k, parse_strategy(v)) for k, v in mapping.items())))
+        entries = tuple(sorted((k, parse_strategy(v)) for k, v in mapping.items()))
+        for key, strategy in entries:
+            if strategy.hot:  # a table cell serves every slot
+                raise ValueError(f"strategy table cell {key!r}: {strategy.value!r} runs one slot only, "
+                                 "so no table can hold it")
+        return cls(entries)
 
     def __getitem__(self, pair: tuple[str, str] | str) -> Strategy:
         key = pair if isinstance(pair, str) else pair_key(pair)
@@ -145,6 +187,9 @@ MEASURED_CANDIDATES: dict[str, tuple[Strategy, ...]] = {
     "dgrad": (Strategy.MXFP4, Strategy.IHT, Strategy.IHT_OE_LEFT, Strategy.IHT_OE_RIGHT),
     "wgrad": (Strategy.MXFP4, Strategy.IHT, Strategy.IHT_OE_RIGHT),
 }
+
+# HOT's layer-wise quantizer selection: the dgrad candidates (grad_output per tensor, per token).
+LQS_CANDIDATES: tuple[Strategy, ...] = (Strategy.HOT_INT4, Strategy.HOT_INT4_TOKEN)
 
 # A tied vote goes to the first label in this order: `none` sends pairs to plain IHT in the
 # reference table, the choice that assumes least.
@@ -235,6 +280,7 @@ class Calibration:
         if not (dist.is_available() and dist.is_initialized()):
             return
         keys = [(s, c.value) for s in SLOTS for c in MEASURED_CANDIDATES[s]]
+        keys += [("dgrad", c.value) for c in LQS_CANDIDATES]
         flat = [float(self.votes[r][p]) for r in ROLES for p in PATTERNS]
         flat += [v for s, c in keys for v in self.errors.get(s, {}).get(c, [0.0, 0.0])]
         t = torch.tensor(flat, dtype=torch.float64)
@@ -253,9 +299,11 @@ class Calibration:
 def decide(
     policy: str, calibration: Calibration, table: StrategyTable, where: str = "layer", margin: float = 0.1
 ) -> dict[str, Strategy]:
-    """Fixed strategies at the end of calibration for ``policy`` (``table`` or ``measured``)."""
-    if policy not in ("table", "measured"):
-        raise ValueError(f"unknown policy {policy!r}; choose 'table' or 'measured'")
+    """Fixed strategies at the end of calibration for ``policy`` (``table``, ``measured`` or ``lqs``)."""
+    if policy not in ("table", "measured", "lqs"):
+        raise ValueError(f"unknown policy {policy!r}; choose 'table', 'measured' or 'lqs'")
+    if policy == "lqs":
+        return lqs_strategies(calibration, where, margin)
     if calibration.total_votes() == 0:
         warnings.warn(f"{where}: no calibration data was observed; every label defaults to 'none'", stacklevel=2)
     from_table = table.strategies(calibration.labels())
@@ -268,6 +316,25 @@ def decide(
         warnings.warn(f"{where}: no errors measured for {unmeasured}; using the strategy table there", stacklevel=2)
     measured = calibration.measured_strategies(margin, [s for s in SLOTS if s not in unmeasured])
     return {s: measured.get(s, from_table[s]) for s in SLOTS}
+
+
+def lqs_strategies(calibration: Calibration, where: str = "layer", margin: float = 0.5) -> dict[str, Strategy]:
+    """HOT's strategies for one layer from its measured dgrad quantization errors.
+
+    grad_output is scaled per token (HOT_INT4_TOKEN) only where that quantizer's relative error is
+    below ``1 - margin`` times the per-tensor one's (HOT: ``margin`` 0.5, "cuts the error by more
+    than half"); everywhere else per tensor, the cheaper scale. Equivalent to HOT's
+    ``calibaration_worker`` rule ``min_qerror - qerror > 0.5 * min_qerror``.
+    """
+    rel = calibration.relative_errors().get("dgrad", {})
+    tensor, token = (rel.get(c.value) for c in LQS_CANDIDATES)
+    if tensor is None or token is None:
+        warnings.warn(f"{where}: no grad_output errors were measured; grad_output is scaled per tensor", stacklevel=3)
+        per_token = False
+    else:
+        per_token = token < (1 - margin) * tensor
+    return {"fwd": Strategy.BF16, "dgrad": Strategy.HOT_INT4_TOKEN if per_token else Strategy.HOT_INT4,
+            "wgrad": Strategy.HOT_LOWRANK_INT8}
 
 
 def strategies_to_dict(strategies: Mapping[str, Strategy]) -> dict[str, str]:

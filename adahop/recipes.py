@@ -16,6 +16,10 @@ recipe              fwd / dgrad / wgrad        notes
                                                backward operand
 ``quartet-style``   iht / iht / iht            Hadamard + RTN forward, ``tseng``'s backward (Quartet
                                                uses QuEST clipping in the forward; RTN here)
+``hot``             lqs policy                 HOT (Kim et al. 2025, :mod:`adahop.hot`): BF16 fwd;
+                                               INT4 dgrad, block-16 Hadamard; low-rank INT8 wgrad on
+                                               X saved projected in INT8; per-layer dY scale (tensor
+                                               or token) from 30 BF16 calibration steps
 ``adahop``          table policy               30 calibration steps of plain MXFP4, then DESIGN §1
 ``adahop-measured`` measured policy            lowest measured output error per GEMM
 ``adahop-no-oe``    table policy               ablation: ``adahop``'s table with IHT where it has
@@ -26,6 +30,8 @@ recipe              fwd / dgrad / wgrad        notes
                                                current strategies while it observes
 ``adahop-exact-bf16`` table policy             ``adahop`` whose BF16 wgrad fallback is exact: those layers
                                                save X in BF16, not MXFP4 (beyond the paper)
+``adahop-bf16-cal`` table policy               ablation: ``adahop`` calibrating in BF16 (every GEMM
+                                               unquantized while it observes), not plain MXFP4
 ==================  =========================  ======================================================
 
 The two ablations separate what ``adahop`` adds over ``uniform-iht``: the outlier-extraction picks
@@ -33,6 +39,15 @@ and the BF16 fallback (each ablation keeps one of the two). The paper's fallback
 the forward saved it, in MXFP4 (DESIGN §1), so it keeps X's quantization error; ``adahop-exact-bf16``
 asks what the fallback would buy at full precision, at the cost of a BF16 copy of X in each such
 layer (``bf16_wgrad_input``).
+
+Calibration precision. ``calibration_precision="mxfp4"`` (the default) calibrates while running
+``calibration_strategy`` (plain MXFP4); ``"bf16"`` runs every GEMM in BF16 while the layer observes
+(X saved as it came), the observations unchanged. The default is what the public AdaHOP code we
+could read does: its calibration wrapper dispatches "identical to plain MXFP4" until the modes are
+fixed (AMD's ALTO integration of AdaHOP, ``MXFP4CalibrationWrapper`` / ``MXFP4AdaHOPWrapper`` with
+modes ``"none"``), and it is what this suite's committed ``adahop`` runs did; ``adahop-bf16-cal``
+is the other reading (BF16 steps while calibrating). ``hot`` calibrates in BF16, as HOT's
+selection pass runs the model unquantized.
 
 Rounding: the forward operands always round to nearest (ties to even). ``grad_rounding`` applies
 to grad_output in both backward GEMMs; ``saved_rounding`` to the copies of X (along tokens) and W
@@ -47,9 +62,18 @@ from typing import Any, Mapping
 
 from adahop.checks import HADAMARD_SIZES
 from adahop.patterns import PatternDetector
-from adahop.policy import REFERENCE_TABLE, REFERENCE_TABLE_ENTRIES, SLOTS, Strategy, StrategyTable, parse_strategy
+from adahop.policy import (
+    REFERENCE_TABLE,
+    REFERENCE_TABLE_ENTRIES,
+    SLOTS,
+    Strategy,
+    StrategyTable,
+    check_slot,
+    parse_strategy,
+)
 
-POLICIES = ("table", "measured")
+POLICIES = ("table", "measured", "lqs")
+CALIBRATION_PRECISIONS = ("mxfp4", "bf16")
 ROUNDINGS = ("rne", "sr")
 
 
@@ -76,6 +100,7 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "weight_for_backward": (_STR, "a str"),
     "recalibration_interval": (_INT, "an int"),
     "bf16_wgrad_input": (_STR, "a str"),
+    "calibration_precision": (_STR, "a str"),
 }
 
 
@@ -84,8 +109,9 @@ class Recipe:
     """How a converted linear layer runs its GEMMs (see the module docstring).
 
     fwd, dgrad, wgrad: fixed strategies, or ``None`` for all three when ``policy`` is set.
-    policy: ``"table"`` or ``"measured"``: strategies fixed after ``calibration_steps`` optimizer
-        steps of ``calibration_strategy`` (plain MXFP4).
+    policy: ``"table"``, ``"measured"`` or ``"lqs"`` (HOT's layer-wise quantizer selection):
+        strategies fixed after ``calibration_steps`` optimizer steps of ``calibration_strategy``
+        (plain MXFP4) or of BF16 (``calibration_precision``).
     outlier_k: rows computed in BF16 by the OE strategies (clamped to the operand's row count).
     hadamard_size: block size of the transform (16, 32, 64 or 128; layer dims must be multiples of
         ``max(32, hadamard_size)``).
@@ -93,7 +119,8 @@ class Recipe:
     grad_rounding, saved_rounding: ``"rne"`` or ``"sr"`` (see the module docstring).
     seed: run seed from which every SR draw and sign vector is derived (with layer, step, call).
     measure_tokens: tokens of X kept in BF16 during ``measured`` calibration to score ``wgrad``.
-    measured_margin: the relative error reduction an OE strategy must bring to be measured-picked.
+    measured_margin: the relative error reduction the costlier candidate must bring to be picked:
+        an OE strategy (``measured``), the per-token dY scale (``lqs``; HOT: 0.5).
     recalibration_interval: 0 (calibrate once), or every this many steps after the first
         calibration ends the layer observes its operands' patterns again for ``calibration_steps``
         steps, still running its current strategies, and then fixes new ones from those votes
@@ -104,6 +131,8 @@ class Recipe:
     bf16_wgrad_input: X as a ``bf16`` wgrad reads it: ``"mxfp4"`` (DESIGN §1: the plain-MXFP4 copy
         the forward saves, dequantized) or ``"bf16"`` (the forward saves X in BF16 instead, 16 bits
         per value where it saved 4.25, and the GEMM is exact up to BF16 rounding).
+    calibration_precision: ``"mxfp4"`` (run ``calibration_strategy`` while calibrating) or
+        ``"bf16"`` (every GEMM in BF16 while calibrating); see the module docstring for the default.
     """
 
     name: str
@@ -127,6 +156,7 @@ class Recipe:
     weight_for_backward: str = "mxfp4"
     recalibration_interval: int = 0
     bf16_wgrad_input: str = "mxfp4"
+    calibration_precision: str = "mxfp4"
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -134,6 +164,8 @@ class Recipe:
         if self.policy is None:
             if any(s is None for s in fixed):
                 raise ValueError(f"recipe {self.name!r}: without a policy every slot needs a fixed strategy")
+            for slot in SLOTS:
+                check_slot(slot, getattr(self, slot), f"recipe {self.name!r}")
         else:
             if self.policy not in POLICIES:
                 raise ValueError(f"recipe {self.name!r}: policy must be one of {POLICIES}, got {self.policy!r}")
@@ -157,6 +189,12 @@ class Recipe:
         if self.bf16_wgrad_input not in ("mxfp4", "bf16"):
             raise ValueError(f"recipe {self.name!r}: bf16_wgrad_input must be 'mxfp4' or 'bf16', "
                              f"got {self.bf16_wgrad_input!r}")
+        if self.calibration_precision not in CALIBRATION_PRECISIONS:
+            raise ValueError(f"recipe {self.name!r}: calibration_precision must be one of {CALIBRATION_PRECISIONS}, "
+                             f"got {self.calibration_precision!r}")
+        if self.calibration_strategy.hot:
+            raise ValueError(f"recipe {self.name!r}: calibration_strategy runs every slot; "
+                             f"{self.calibration_strategy.value!r} runs one")
         if not 0.0 <= self.measured_margin < 1.0:
             raise ValueError(f"recipe {self.name!r}: measured_margin must be in [0, 1), got {self.measured_margin}")
         if self.recalibration_interval < 0:
@@ -267,6 +305,8 @@ RECIPES: dict[str, Recipe] = {
                "bf16", "iht", "iht", **_BACKWARD_RHT_SR),
         _fixed("quartet-style", "Hadamard + RTN MXFP4 forward; random-sign Hadamard + SR backward",
                "iht", "iht", "iht", **_BACKWARD_RHT_SR),
+        _policy("hot", "HOT (Kim et al. 2025): BF16 forward, INT4 Hadamard dgrad, low-rank INT8 wgrad on X saved "
+                "in INT8, per-layer dY scale", "lqs", calibration_precision="bf16", measured_margin=0.5),
         _policy("adahop", "AdaHOP: calibrated outlier patterns → strategy table (DESIGN §1)", "table"),
         _policy("adahop-measured", "per GEMM the strategy with the lowest measured calibration error", "measured"),
         _policy("adahop-no-oe", "ablation: AdaHOP's table with IHT in place of OE-left/right (BF16 fallback kept)",
@@ -277,6 +317,8 @@ RECIPES: dict[str, Recipe] = {
                 "table", recalibration_interval=250),
         _policy("adahop-exact-bf16", "AdaHOP whose BF16 wgrad fallback reads X saved in BF16 (exact, more memory)",
                 "table", bf16_wgrad_input="bf16"),
+        _policy("adahop-bf16-cal", "ablation: AdaHOP calibrating in BF16 (unquantized GEMMs while it observes)",
+                "table", calibration_precision="bf16"),
     )
 }
 

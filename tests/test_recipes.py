@@ -14,7 +14,13 @@ fp32 accumulation order differs). What they reflect:
   picks iht / iht+oe-left / bf16 and cuts dX to 0.06 (the outlier tokens of dY computed exactly)
   and dW to 0.11 (BF16 dY against the MXFP4 copy of X); the measured policy picks oe-right for
   wgrad instead and reaches dW 0.04.
-* Forward BF16 (``tseng``) and the bias gradient (a sum of the unquantized dY) are exact.
+* Forward BF16 (``tseng``, ``hot``) and the bias gradient (a sum of the unquantized dY) are exact.
+* ``hot``: INT4 dgrad after a block-16 Hadamard, dY stochastically rounded per tensor (Gaussian;
+  measured 0.27, tests/test_hot.py derives ≈0.25) or per token (planted outlier tokens, where the
+  selection picks it: 0.21); the low-rank wgrad keeps half the token sequencies, so on tokens with
+  no neighbour correlation dW's error is ≈ sqrt(1/2) (measured 0.71 and 0.65).
+* ``adahop-bf16-cal`` observes what ``adahop`` observes (the votes come from the operands, not the
+  GEMMs), so it fixes the same strategies and meets the same floors.
 """
 
 import dataclasses
@@ -49,6 +55,8 @@ FLOORS = {
     "adahop-recal": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
     # wgrad col-col in BF16 against X saved as it came (fp32 here): exact on the planted outliers
     "adahop-exact-bf16": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 1e-6)},
+    "adahop-bf16-cal": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
+    "hot": {"gaussian": (1e-6, 0.34, 0.89), "outliers": (1e-6, 0.27, 0.82)},
 }
 
 
@@ -141,8 +149,9 @@ def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
 
 
 def test_registry_entries():
-    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "adahop", "adahop-measured",
-                            "adahop-no-oe", "adahop-no-bf16", "adahop-recal", "adahop-exact-bf16"}
+    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "hot", "adahop",
+                            "adahop-measured", "adahop-no-oe", "adahop-no-bf16", "adahop-recal", "adahop-exact-bf16",
+                            "adahop-bf16-cal"}
     tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]
     assert tseng.fwd is Strategy.BF16 and quartet.fwd is Strategy.IHT
     for r in (tseng, quartet):
@@ -160,6 +169,12 @@ def test_registry_entries():
     exact = RECIPES["adahop-exact-bf16"]
     assert exact.bf16_wgrad_input == "bf16" and exact.table == REFERENCE_TABLE and exact.calibration_steps == 30
     assert all(RECIPES[n].bf16_wgrad_input == "mxfp4" for n in RECIPES if n != "adahop-exact-bf16")
+    # Calibration precision: plain MXFP4 by default; BF16 for the ablation and for HOT.
+    assert {n for n, r in RECIPES.items() if r.calibration_precision == "bf16"} == {"adahop-bf16-cal", "hot"}
+    cal = RECIPES["adahop-bf16-cal"]
+    assert cal.policy == "table" and cal.table == REFERENCE_TABLE and cal.calibration_steps == 30
+    hot = RECIPES["hot"]
+    assert hot.policy == "lqs" and hot.calibration_steps == 30 and hot.measured_margin == 0.5
     # The ablations: the reference table with IHT in the OE cells (no-oe) or in the BF16 cell (no-bf16).
     ref = REFERENCE_TABLE.to_dict()
     for name, dropped in (("adahop-no-oe", {"iht+oe-left", "iht+oe-right"}), ("adahop-no-bf16", {"bf16"})):
@@ -215,7 +230,7 @@ WRONG_TYPES = {
     "calibration_steps": 2.5, "calibration_strategy": 4, "table": 1, "detector": 3, "outlier_k": "64",
     "hadamard_size": 32.0, "random_signs": 5, "grad_rounding": 1, "saved_rounding": None, "seed": "x",
     "measure_tokens": True, "measured_margin": "0.1", "weight_for_backward": 0, "recalibration_interval": 2.0,
-    "bf16_wgrad_input": b"bf16",
+    "bf16_wgrad_input": b"bf16", "calibration_precision": 16,
 }
 
 
@@ -302,3 +317,21 @@ def test_exact_bf16_fallback_saves_x_as_it_came_instead_of_its_mxfp4_copy():
 def test_bf16_wgrad_input_is_checked():
     with pytest.raises(ValueError, match="bf16_wgrad_input must be 'mxfp4' or 'bf16', got 'fp8'"):
         get_recipe("adahop", bf16_wgrad_input="fp8")
+
+
+def test_calibration_precision_is_checked():
+    with pytest.raises(ValueError, match="calibration_precision must be one of \\('mxfp4', 'bf16'\\), got 'fp8'"):
+        get_recipe("adahop", calibration_precision="fp8")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [({"fwd": "hot-int4", "dgrad": "hot-int4", "wgrad": "hot-lowrank-int8"}, "runs only \\['dgrad'\\], not 'fwd'"),
+     ({"fwd": "bf16", "dgrad": "hot-lowrank-int8", "wgrad": "hot-lowrank-int8"}, "runs only \\['wgrad'\\], not 'dgrad'"),
+     ({"calibration_strategy": "hot-int4"}, "calibration_strategy runs every slot"),
+     ({"table": {**REFERENCE_TABLE.to_dict(), "col-col": "hot-int4"}}, "no table can hold it")],
+    ids=["hot-int4-in-fwd", "lowrank-in-dgrad", "hot-calibration-strategy", "hot-in-table"],
+)
+def test_hot_strategies_are_refused_outside_their_slot(overrides, match):
+    with pytest.raises(ValueError, match=match):
+        get_recipe("adahop", **overrides)

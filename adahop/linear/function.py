@@ -11,7 +11,9 @@ MXFP4, 4.25 bits per value (re-encoded to FP8 in the backward on Hopper, a pass 
 plus ``(k, ·)`` BF16 outlier slices for OE-right, W as the forward got it when ``dgrad`` is ``bf16``
 or OE-left, and X as it came when ``wgrad`` is ``bf16`` under ``bf16_wgrad_input="bf16"``. With
 ``weight_for_backward="param"`` nothing of W is saved: the backward quantizes it again from the
-parameter. Under ``torch.compile`` sibling layers reading one input (q/k/v, gate/up) quantize it
+parameter. HOT's strategies (:mod:`adahop.hot`) save instead, for ``hot-lowrank-int8``, X projected
+along tokens in INT8 (1 byte per two tokens' values) and, for ``hot-int4``, W as the forward got it
+(the backward transforms and quantizes it, as HOT does). Under ``torch.compile`` sibling layers reading one input (q/k/v, gate/up) quantize it
 with identical calls (same input, specs and draws: their input salt is shared, fixed by
 :func:`adahop.convert`), which the compiler computes once and saves once, as a fused projection
 would.
@@ -24,6 +26,7 @@ from typing import Any
 
 import torch
 
+from adahop import hot
 from adahop.linear.gemm import GemmConfig, Operand, QuantSpec, Quantized, Want, quantize_pair, strategy_mm, top_rows
 from adahop.policy import SLOTS, Strategy
 
@@ -92,6 +95,8 @@ class QuantLinearFunction(torch.autograd.Function):
         keep_w = dgrad.b if plan.need_backward and not plan.weight_from_param else None
         oe_x = plan.need_backward and wgrad.strategy is Strategy.IHT_OE_RIGHT
         oe_w = plan.need_backward and dgrad.strategy is Strategy.IHT_OE_RIGHT
+        # HOT's buffer compression: X kept projected along tokens, in INT8.
+        xc = hot.compress_tokens(x) if plan.need_backward and wgrad.strategy.hot else None
         if fwd.strategy.quantized:
             xq, xq_t = quantize_pair(x, fwd.a, keep_x, g.want(fwd.layout_a, fwd.strategy is Strategy.IHT_OE_LEFT),
                                      Want(True, None, oe_x), counter, g.backend)
@@ -116,12 +121,12 @@ class QuantLinearFunction(torch.autograd.Function):
         w_out = top_rows(w.t(), k, g.backend, _amax(wq_t)) if oe_w else (None, None)
         measuring = observer is not None and observer.sample_idx is not None
         # W as given (the parameter, or autocast's cast of it), only where W is needed in full precision.
-        needs_w = dgrad.strategy in (Strategy.BF16, Strategy.IHT_OE_LEFT) or measuring
+        needs_w = dgrad.strategy in (Strategy.BF16, Strategy.IHT_OE_LEFT) or dgrad.strategy.hot or measuring
         w_full = w if needs_w and not plan.weight_from_param else None
         # A BF16 wgrad without a spec for X (bf16_wgrad_input="bf16") reads X as it is.
         x_full = x if wgrad.strategy is Strategy.BF16 and keep_x is None else None
         ctx.save_for_backward(*_q_fields(xq_t), *_q_fields(wq_t), w_full, x_full, *x_out, *w_out,
-                              w_param, counter.clone())
+                              *((xc.values, xc.scale) if xc is not None else (None, None)), w_param, counter.clone())
         ctx.plan, ctx.w_dtype, ctx.device_type = plan, w.dtype, x.device.type
         ctx.has_bias = bias is not None
         ctx.observer = observer
@@ -134,28 +139,31 @@ class QuantLinearFunction(torch.autograd.Function):
         plan = ctx.plan
         dgrad, wgrad = plan.dgrad, plan.wgrad
         g_cfg, k = plan.gemm, plan.k
-        xc, xs, wc, ws, w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, w_param, counter = ctx.saved_tensors
+        (xc, xs, wc, ws, w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, x_int, x_int_scale, w_param,
+         counter) = ctx.saved_tensors
         g = gy.contiguous()
         if plan.weight_from_param:  # W again, in the forward's dtype
             w_full = w_param.detach().to(ctx.w_dtype)
         dx = dw = db = None
         with torch.autocast(ctx.device_type, enabled=False):
             # dY along `out` (dgrad) and along tokens (wgrad), one read where both are quantized.
-            spec_d = dgrad.a if ctx.needs_input_grad[0] and dgrad.strategy.quantized else None
-            spec_w = wgrad.a if ctx.needs_input_grad[1] and wgrad.strategy.quantized else None
+            spec_d = dgrad.a if ctx.needs_input_grad[0] and dgrad.strategy.mxfp4 else None
+            spec_w = wgrad.a if ctx.needs_input_grad[1] and wgrad.strategy.mxfp4 else None
             gq, gq_t = quantize_pair(
                 g, spec_d, spec_w, g_cfg.want(dgrad.layout_a, dgrad.strategy is Strategy.IHT_OE_LEFT),
                 g_cfg.want(wgrad.layout_a, wgrad.strategy is Strategy.IHT_OE_LEFT), counter, g_cfg.backend)
             if ctx.needs_input_grad[0]:
-                a = Operand(g, q=gq)
+                a = Operand(g, dgrad.a if dgrad.strategy.hot else None, q=gq)
                 if dgrad.strategy is Strategy.IHT_OE_LEFT:
                     a.outliers = top_rows(g, k, g_cfg.backend, _amax(gq))
                 b = Operand(w_full, dgrad.b, transpose=True, q=_q(wc, ws), outliers=_pair(wo_idx, wo_rows))
                 dx = strategy_mm(dgrad.strategy, a, b, k=k, out_dtype=g.dtype, config=g_cfg, counter=counter)
             if ctx.needs_input_grad[1]:
-                a = Operand(g, transpose=True, q=gq_t)
+                a = Operand(g, wgrad.a if wgrad.strategy.hot else None, transpose=True, q=gq_t)
                 if x_full is not None:  # (tokens, in), read along tokens
                     b = Operand(x_full, transpose=True)
+                elif x_int is not None:
+                    b = Operand(None, q=hot.IntTensor(x_int, x_int_scale))
                 else:
                     xq_t = _q(xc, xs)
                     x_src = None

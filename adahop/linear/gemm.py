@@ -9,6 +9,8 @@
   with the largest absmax are recomputed in BF16 and written over their rows/columns of the
   output. Rows are quantized independently along K, so computing the full IHT product and
   overwriting is exactly "quantize the remainder" without a gather.
+* ``hot-int4`` / ``hot-int4-token`` (``dgrad``) and ``hot-lowrank-int8`` (``wgrad``): HOT's
+  integer GEMMs (:mod:`adahop.hot`), on the paths :func:`adahop.hot.paths_for` gives the device.
 
 How an operand is quantized is a :class:`QuantSpec` (static) plus the draw counter (a device
 tensor, :mod:`adahop.linear.seeds`); what a quantization writes is a :class:`Want` (packed MXFP4
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from adahop import library
+from adahop import hot, library
 from adahop.formats import MXFP4Tensor
 from adahop.linear.seeds import LEFT, RIGHT, SIGNS, SLOT_CODES, derive_seed, draw_seed, new_counter, signs_from_seed
 from adahop.backend import Backend
@@ -201,10 +203,14 @@ def slot_specs(
     ``layer_salt`` salts the layer's own draws (W, dY); ``input_salt`` (default: the layer's) those
     that touch X and the signs shared with it, so sibling layers reading one input (the same
     ``input_salt``) quantize it alike. A ``bf16`` ``wgrad`` still quantizes X (plain MXFP4): that is
-    the copy the forward saves, unless the recipe's ``bf16_wgrad_input`` is ``"bf16"``.
+    the copy the forward saves, unless the recipe's ``bf16_wgrad_input`` is ``"bf16"``. A HOT
+    strategy quantizes to integers itself (:mod:`adahop.hot`): A's spec carries only dY's rounding
+    and draw salt, and Bᵀ has none.
     """
     input_salt = layer_salt if input_salt is None else input_salt
     code = SLOT_CODES[slot]
+    if strategy.hot:
+        return QuantSpec(False, recipe.grad_rounding, derive_seed(layer_salt, code, LEFT)), None
     b_rounding = "rne" if slot == "fwd" else recipe.saved_rounding
     # X is A of fwd and B of wgrad; its draws and the signs it shares are the input group's.
     a_salt = input_salt if slot == "fwd" else layer_salt
@@ -231,7 +237,8 @@ class Operand:
     """A GEMM operand ``(rows, K)``: ``src`` (or ``src.T`` when ``transpose``), what is kept of it.
 
     src: the high-precision tensor as stored, or None when only a quantized copy is kept.
-    spec: how to quantize ``src`` when ``q`` is not given. q: already quantized along K.
+    spec: how to quantize ``src`` when ``q`` is not given. q: already quantized along K (for
+        HOT's ``wgrad``, X's compressed copy, an :class:`adahop.hot.IntTensor` along tokens).
     outliers: precomputed ``(indices (k,), rows (k, K))`` in high precision, for operands whose
         full copy is not kept (OE-right on ``dgrad``/``wgrad``).
     """
@@ -239,7 +246,7 @@ class Operand:
     src: torch.Tensor | None
     spec: QuantSpec | None = None
     transpose: bool = False
-    q: Quantized | MXFP4Tensor | None = None
+    q: Quantized | MXFP4Tensor | hot.IntTensor | None = None
     outliers: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
@@ -317,6 +324,8 @@ def strategy_mm(
     out_dtype = out_dtype or (a.src.dtype if a.src is not None else torch.float32)
     if not strategy.quantized:
         return (a.full @ b.full.t()).to(out_dtype)
+    if strategy.hot:
+        return _hot_mm(strategy, a, b, out_dtype, config, counter)
     device = (a.src if a.src is not None else a.q.codes if a.q.codes is not None else a.q.fp8).device
     counter = new_counter(device) if counter is None else counter
     m = a.full.shape[0] if a.src is not None else _rows(a.q)
@@ -335,6 +344,23 @@ def strategy_mm(
         other = a.full
         out.index_copy_(1, idx, (other @ rows.to(other.dtype).t()).to(out_dtype))
     return out
+
+
+def _hot_mm(strategy: Strategy, a: Operand, b: Operand, out_dtype: torch.dtype, config: GemmConfig,
+            counter: torch.Tensor | None) -> torch.Tensor:
+    """HOT's GEMM ``A · Bᵀ``: dY's draws from A's spec (salt 0 without one); for ``wgrad`` (K =
+    tokens) Bᵀ is X's compressed copy (``b.q``, an :class:`adahop.hot.IntTensor`) or X, compressed here."""
+    spec = a.spec or QuantSpec(False, "sr", 0)
+    device = a.src.device
+    counter = new_counter(device) if counter is None else counter
+    seed = draw_seed(counter, spec.salt or 0) if spec.draws else None
+    paths = hot.paths_for(config.path)
+    if strategy is Strategy.HOT_LOWRANK_INT8:
+        # Both operands along tokens: their token-major forms are the sources as stored.
+        x = b.q if isinstance(b.q, hot.IntTensor) else hot.compress_tokens(b.src if b.transpose else b.full.t())
+        return hot.wgrad(a.src if a.transpose else a.full.t(), x, seed=seed, paths=paths, out_dtype=out_dtype)
+    return hot.dgrad(a.full, b.full, per_token=strategy is Strategy.HOT_INT4_TOKEN, seed=seed, paths=paths,
+                     out_dtype=out_dtype)
 
 
 def _rows(q: Quantized | MXFP4Tensor) -> int:

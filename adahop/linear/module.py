@@ -1,9 +1,10 @@
 """``QuantLinear``: ``nn.Linear`` whose fwd, dgrad and wgrad GEMMs run under a recipe.
 
 Phases. A recipe with fixed strategies runs them from the first step. A policy recipe
-(``adahop``, ...) first *calibrates*: for ``calibration_steps`` optimizer steps it runs
-``calibration_strategy`` (plain MXFP4) while it labels X, W and grad_output, then fixes its
-strategies from the votes (:func:`adahop.policy.decide`; summed over ranks when distributed).
+(``adahop``, ``hot``, ...) first *calibrates*: for ``calibration_steps`` optimizer steps it runs
+``calibration_strategy`` (plain MXFP4), or every GEMM in BF16 under ``calibration_precision="bf16"``,
+while it labels X, W and grad_output (and, for ``lqs``, measures HOT's dgrad quantizers on
+grad_output), then fixes its strategies from the votes (:func:`adahop.policy.decide`; summed over ranks when distributed).
 Calibration runs eagerly (its observations are host-side votes; under ``torch.compile`` the
 calibrating forward is excluded from the graph); once fixed, the forward is traced: the strategies
 are static attributes, so fixing them costs one recompile, and later steps none.
@@ -32,14 +33,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from adahop import hot
 from adahop.backend import resolve_backend
 from adahop.linear.function import LayerPlan, QuantLinearFunction, SlotPlan
 from adahop.linear.gemm import GemmConfig, Operand, score_strategies, slot_specs
-from adahop.linear.seeds import DrawState, derive_seed
+from adahop.linear.seeds import DrawState, derive_seed, draw_seed
 from adahop.policy import (
     SLOTS,
     Calibration,
     Strategy,
+    check_slot,
     decide,
     effective_strategy,
     parse_strategy,
@@ -51,6 +54,7 @@ from adahop.recipes import Recipe, get_recipe, recipe_from_dict
 
 EXTRA_STATE_VERSION = 2
 _INPUT_GROUP = 1 << 40  # keeps input-group salts apart from layer salts
+_LQS_DRAWS = 0x105  # salts the draws of HOT's quantizer selection apart from the GEMMs' draws
 
 
 def _gemm_config(device: torch.device, backend: str) -> GemmConfig:
@@ -150,6 +154,8 @@ class QuantLinear(nn.Linear):
     @property
     def active_strategies(self) -> dict[str, Strategy]:
         if self.phase == "calibrating":
+            if self.recipe.calibration_precision == "bf16":
+                return {slot: Strategy.BF16 for slot in SLOTS}
             return {slot: effective_strategy(slot, self.recipe.calibration_strategy) for slot in SLOTS}
         return self.strategies
 
@@ -165,15 +171,19 @@ class QuantLinear(nn.Linear):
         """The :class:`LayerPlan` of a call with ``tokens`` (padded) rows of ``dtype`` on ``device``."""
         strategies = self.active_strategies
         gemm = _gemm_config(device, resolve_backend(device).value)
+        if any(s.hot for s in strategies.values()) and not torch.compiler.is_compiling():
+            hot.hot_gemm_path(device, gemm.backend)  # logs HOT's GEMM paths once per device
         shapes = {"fwd": (tokens, self.out_features, self.in_features),
                   "dgrad": (tokens, self.in_features, self.out_features),
                   "wgrad": (self.out_features, self.in_features, tokens)}
+        # BF16 calibration is BF16 throughout: wgrad reads X as it came, not an MXFP4 copy.
+        exact = self.phase == "calibrating" and self.recipe.calibration_precision == "bf16"
         slots = {}
         for slot in SLOTS:
             s = strategies[slot]
-            a, b = slot_specs(self.recipe, slot, s, self.layer_salt, self.input_salt)
+            a, b = (None, None) if exact else slot_specs(self.recipe, slot, s, self.layer_salt, self.input_salt)
             m, n, k = shapes[slot]
-            la, lb = gemm.layouts(m, n, k, dtype) if s.quantized else (None, None)
+            la, lb = gemm.layouts(m, n, k, dtype) if s.mxfp4 else (None, None)
             slots[slot] = SlotPlan(s, a, b, la, lb)
         return LayerPlan(slots["fwd"], slots["dgrad"], slots["wgrad"], self.recipe.outlier_k, need_backward, gemm,
                          self.recipe.weight_for_backward == "param")
@@ -282,6 +292,9 @@ class QuantLinear(nn.Linear):
             if not self._finite(g):
                 return
             self._collecting.vote("g", self.recipe.detector(g_tokens))
+            if self.recipe.policy == "lqs":
+                seed = draw_seed(counter, derive_seed(self.layer_salt, _LQS_DRAWS))
+                self._collecting.add_errors("dgrad", hot.selection_errors(g_tokens, seed))
             if sample_idx is not None:
                 self._collecting.add_errors(
                     "dgrad", score_strategies(self.recipe, "dgrad", Operand(g), Operand(w_full, transpose=True),
@@ -331,7 +344,10 @@ class QuantLinear(nn.Linear):
         if not isinstance(strategies, Mapping) or set(strategies) != set(SLOTS):
             got = sorted(strategies) if isinstance(strategies, Mapping) else type(strategies).__name__
             raise ValueError(f"layer {self.layer_id}: a strategy map names the slots {list(SLOTS)}, got {got}")
-        return {slot: parse_strategy(strategies[slot]) for slot in SLOTS}
+        parsed = {slot: parse_strategy(strategies[slot]) for slot in SLOTS}
+        for slot, strategy in parsed.items():
+            check_slot(slot, strategy, f"layer {self.layer_id}")
+        return parsed
 
     def fix(self, strategies: Mapping[str, Strategy | str]) -> None:
         """Fix this layer's strategies to ``strategies`` (slot → strategy), ending or skipping its
