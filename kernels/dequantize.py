@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop.formats import BLOCK_SIZE, MXFP4Tensor
+from adahop.checks import check_mxfp4_tensor
+from adahop.formats import MXFP4Tensor
 from adahop_kernels._common import INTERPRETED, check_device, e2m1_value, exp2_int
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -56,31 +57,14 @@ _tuned_kernel = triton.autotune(
 )(_dequantize_kernel)
 
 
-def _check_mxfp4(t: MXFP4Tensor) -> int:
-    """Check an MXFP4Tensor's buffers for the kernel; return K, the quantized length."""
-    if not isinstance(t, MXFP4Tensor):
-        raise TypeError(f"expected an MXFP4Tensor, got {type(t).__name__}")
-    codes, scales = t.codes, t.scales
-    if codes.dtype != torch.uint8 or scales.dtype != torch.uint8:
-        raise ValueError(f"codes and scales must be uint8, got {codes.dtype} and {scales.dtype}")
-    if codes.dim() < 1 or codes.shape[:-1] != scales.shape[:-1] or codes.shape[-1] * 2 != scales.shape[-1] * BLOCK_SIZE:
-        raise ValueError(f"codes {tuple(codes.shape)} and scales {tuple(scales.shape)} do not describe one "
-                         f"MXFP4 tensor (codes (..., K/2), scales (..., K/{BLOCK_SIZE}))")
-    if scales.device != codes.device:
-        raise ValueError(f"codes are on {codes.device} but scales on {scales.device}")
-    if not (codes.is_contiguous() and scales.is_contiguous()):
-        raise ValueError("codes and scales must be contiguous")
-    check_device(codes, "codes")
-    return codes.shape[-1] * 2
-
-
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """Packed MXFP4 ``(..., K)`` (contiguous codes and scales) to ``dtype`` (fp32, bf16 or fp16).
 
     CUDA tensors, or CPU tensors under ``TRITON_INTERPRET=1``. Equivalent to
     :func:`adahop.formats.dequantize_mxfp4_ref` ``(t, dtype)``, bit for bit.
     """
-    k = _check_mxfp4(t)
+    k = check_mxfp4_tensor(t, "t")
+    check_device(t.codes, "t.codes")
     if dtype not in OUT_DTYPES:
         raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
     out = torch.empty((*t.codes.shape[:-1], k), dtype=dtype, device=t.codes.device)
