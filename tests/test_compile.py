@@ -117,3 +117,38 @@ def test_calibration_survives_non_finite_operands():
     layers = [layer for _, layer in adahop.linear.quant_layers(model)]
     assert all(layer.nonfinite_observations > 0 for layer in layers)
     assert all(layer.calibration.total_votes() == 0 for layer in layers)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("recipe", ["mxfp4", "adahop", "hot"])
+def test_fixed_model_is_one_graph_on_cuda(recipe):
+    """The GPU path (Triton kernels, the FP8 GEMM, bf16 autocast as the trainer runs it) traces as
+    the CPU one does: one graph, forward and backward, and no recompile over steps."""
+    model, opt = tiny_model(recipe)
+    model.cuda()
+
+    def cuda_train(fn, steps, first=0):
+        for step in range(first, first + steps):
+            toks = batch(step).cuda()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = fn(toks, toks)[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return loss
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cuda_train(model, 3)
+    assert all(layer.phase == "fixed" for _, layer in adahop.linear.quant_layers(model))
+    torch._dynamo.reset()
+    toks = batch(99).cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        explanation = torch._dynamo.explain(model)(toks, toks)
+    reasons = [(r.reason, "".join(str(f) for f in r.user_stack[-4:])) for r in explanation.break_reasons]
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), reasons
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        assert torch.isfinite(cuda_train(compiled, 4, first=3))
