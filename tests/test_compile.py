@@ -152,3 +152,20 @@ def test_fixed_model_is_one_graph_on_cuda(recipe):
     compiled = torch.compile(model, fullgraph=True)
     with torch._dynamo.config.patch(error_on_recompile=True):
         assert torch.isfinite(cuda_train(compiled, 4, first=3))
+
+
+def test_fixed_model_compiles_under_autocast():
+    """bf16 autocast around the compiled model, as the trainer runs it on a GPU: one graph, and the
+    backward (called outside autocast) traced without an autocast context of its own."""
+    model, opt = tiny_model("mxfp4")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for step in range(3):
+            toks = batch(step)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = compiled(toks, toks)[1]
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            assert torch.isfinite(loss)

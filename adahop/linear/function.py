@@ -21,6 +21,7 @@ would.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,7 +146,12 @@ class QuantLinearFunction(torch.autograd.Function):
         if plan.weight_from_param:  # W again, in the forward's dtype
             w_full = w_param.detach().to(ctx.w_dtype)
         dx = dw = db = None
-        with torch.autocast(ctx.device_type, enabled=False):
+        # The GEMMs take their operands' dtypes, whatever autocast state backward() is called in.
+        # Under torch.compile the backward is traced where the forward ran, with autocast already
+        # off (QuantLinear.forward), and an autocast context inside a traced backward breaks Dynamo.
+        no_autocast = (contextlib.nullcontext() if torch.compiler.is_compiling()
+                       else torch.autocast(ctx.device_type, enabled=False))
+        with no_autocast:
             # dY along `out` (dgrad) and along tokens (wgrad), one read where both are quantized.
             spec_d = dgrad.a if ctx.needs_input_grad[0] and dgrad.strategy.mxfp4 else None
             spec_w = wgrad.a if ctx.needs_input_grad[1] and wgrad.strategy.mxfp4 else None
