@@ -1,9 +1,12 @@
 """adahop: MXFP4 training with outlier-pattern-aware Hadamard rotation, and its peers.
 
-Submodules: ``formats`` (MXFP4 reference), ``hadamard`` (block Hadamard reference), ``backend``
-(Triton vs reference switch), ``ops`` (public MXFP4 ops), ``provenance`` (results files),
-``patterns`` (outlier-pattern detection), ``policy`` (strategy table, calibration), ``recipes``
-(the registry of recipes), ``linear`` (the quantized layer and the model-level API below).
+Submodules: ``formats`` (MXFP4 reference), ``checks`` (argument checks), ``hadamard`` (block
+Hadamard reference), ``backend`` (Triton vs reference switch), ``library`` (the kernels' entry
+points), ``ops`` (public MXFP4 ops), ``patterns`` (outlier-pattern detection), ``policy``
+(strategy table, calibration), ``recipes`` (the registry of recipes), ``hot`` (HOT's GEMMs),
+``linear`` (the quantized layer and the model-level API below). The experiment harness
+(``adahop.harness``: model, corpus, training, evaluation, results files) is a layer above this
+one, imported only by what uses it (DESIGN §7, "Two layers").
 
 Model-level API::
 

@@ -11,10 +11,10 @@ Unpack a carry bundle (the GPU machine: stdlib + numpy + this repo; every file's
     python experiments/build_corpus.py --from-bundle data/carry/full --out data/full
 
 Settings come from the ``corpus`` section of ``--config`` (keys: ``name``, ``sources`` — a list
-of names from ``adahop.corpus.SOURCES`` or ``"all"`` —, ``vocab_size``, ``val_fraction``,
+of names from ``adahop.harness.corpus.SOURCES`` or ``"all"`` —, ``vocab_size``, ``val_fraction``,
 ``near_dup_threshold``, ``max_bytes_per_source``, ``quality`` — overrides of
-``adahop.corpus.QualityConfig`` —, ``cache_dir``); a command-line flag overrides the file.
-Writes ``<out>/`` (see ``adahop.data``) and the results record
+``adahop.harness.corpus.QualityConfig`` —, ``cache_dir``); a command-line flag overrides the file.
+Writes ``<out>/`` (see ``adahop.harness.data``) and the results record
 ``results/corpus/<profile>/<name>.json`` (``results/corpus/<name>.json`` without a profile).
 """
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adahop import data  # noqa: E402  (stdlib + numpy at import: safe on the GPU machine)
+from adahop.harness import data  # noqa: E402  (stdlib + numpy at import: safe on the GPU machine)
 
 DEFAULTS = {"profile": None, "name": None, "sources": "all", "vocab_size": 32768, "val_fraction": 0.02,
             "near_dup_threshold": 0.8, "max_bytes_per_source": None, "quality": {},
@@ -89,8 +89,8 @@ def main(argv=None) -> int:
                           "seconds": round(time.time() - t0, 1)}))
         return 0
 
-    from adahop.corpus import FULL_SOURCES, CorpusConfig, build_corpus
-    from adahop.provenance import write_results
+    from adahop.harness.corpus import FULL_SOURCES, CorpusConfig, build_corpus
+    from adahop.harness.provenance import write_results
 
     settings = resolve_settings(args)
     sources = tuple(FULL_SOURCES if settings["sources"] == ["all"] else settings["sources"])

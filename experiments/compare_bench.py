@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from adahop.provenance import atomic_write_text, read_results
+from adahop.harness.provenance import atomic_write_text, read_results
 
 REQUIRED = ("test", "figure", "unit")
 

@@ -35,11 +35,11 @@ from typing import Any
 
 import yaml
 
-from adahop import eval as ev
-from adahop.provenance import write_results
+from adahop.harness import eval as ev
+from adahop.harness.provenance import write_results
 
 DEFAULTS: dict[str, Any] = {
-    "tasks": list(ev.ALL_TASKS),  # names from adahop.eval.ALL_TASKS
+    "tasks": list(ev.ALL_TASKS),  # names from adahop.harness.eval.ALL_TASKS
     "limit": None,  # first N documents of each task; null = all
     "batch_size": 8,
     "device": None,  # null: cuda when available, else cpu

@@ -7,7 +7,7 @@ CI has no GPU: there the kernels run in Triton's interpreter (tests/conftest.py)
 compile and agree with their references on a real GPU is only known from a run on one. This runs
 ``pytest tests/kernels tests/test_formats.py`` (or the given paths) in a subprocess, with
 ``--junitxml`` (pytest's own report), and writes one record per test through
-:func:`adahop.provenance.write_results`: ``test`` (its pytest node id), ``outcome`` (passed,
+:func:`adahop.harness.provenance.write_results`: ``test`` (its pytest node id), ``outcome`` (passed,
 failed, error or skipped; an xfail counts as skipped), ``duration_s`` and ``message`` (the failure's
 or skip's first line, else None). The provenance adds pytest's command and exit code and the GPUs'
 state before and after (the device the kernels compiled for is the provenance's ``device``).
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import microbench  # experiments/ is on sys.path when this script runs
-from adahop.provenance import device_description, read_results, write_results
+from adahop.harness.provenance import device_description, read_results, write_results
 
 DEFAULT_PATHS = ["tests/kernels", "tests/test_formats.py"]
 # junit elements of a test that did not pass, worst first: a test with an error in its teardown

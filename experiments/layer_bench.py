@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 import microbench  # experiments/ is on sys.path when this script runs
-from adahop.provenance import write_results
+from adahop.harness.provenance import write_results
 
 TEST = "test_layer_fwd_bwd"
 

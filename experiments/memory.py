@@ -7,7 +7,7 @@ Records (one per recipe × what × phase):
 
 * ``what: layer`` — one linear layer of each ``layer_shapes`` entry ``[tokens, in, out]``, bf16
   parameters, forward + backward on random data.
-* ``what: model`` — the ``model`` preset of :mod:`adahop.model` (fp32 parameters, bf16 autocast as
+* ``what: model`` — the ``model`` preset of :mod:`adahop.harness.model` (fp32 parameters, bf16 autocast as
   in training, LM head kept in BF16), one training step on random tokens.
 
 Each record has ``saved_bytes`` (every tensor autograd saved, unique storages, through
@@ -43,8 +43,8 @@ from torch import nn
 
 import adahop
 from adahop.linear import SavedTensorMeter
-from adahop.model import Llama, LlamaConfig
-from adahop.provenance import check_replaceable, read_results, write_results
+from adahop.harness.model import Llama, LlamaConfig
+from adahop.harness.provenance import check_replaceable, read_results, write_results
 from adahop.recipes import RECIPES
 
 SIZES: dict[str, dict[str, Any]] = {

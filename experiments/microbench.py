@@ -7,7 +7,7 @@
 Runs ``pytest tests/bench --benchmark-only --benchmark-json=<tmp>`` in a subprocess with
 ``ADAHOP_BENCH_PROFILE`` set (tests/bench/conftest.py reads it: ``smoke`` = small CPU shapes,
 ``gpu`` = 4096³, 8192³ and Llama-3 layer shapes), then writes one record per benchmark through
-:func:`adahop.provenance.write_results`: op, shape, dtype, figure and unit, the same-run ceiling and
+:func:`adahop.harness.provenance.write_results`: op, shape, dtype, figure and unit, the same-run ceiling and
 the ratio to it, the peers and the ratios to them, the GEMM path, the backend, median and IQR
 seconds of the timer, and pytest-benchmark's own statistics as a cross-check.
 
@@ -36,7 +36,7 @@ from typing import Any
 import torch
 import yaml
 
-from adahop.provenance import REPO_ROOT, gpu_state, write_results
+from adahop.harness.provenance import REPO_ROOT, gpu_state, write_results
 
 BENCH_DIR = "tests/bench"
 PROFILES = ("smoke", "gpu")
@@ -84,7 +84,7 @@ def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
                interrupt_after_s: float | None = None) -> tuple[int, list[str], dict, bool]:
     """``pytest ARGS`` in a subprocess from the repo root (tests/conftest.py then decides interpreter
     or compiler before Triton is imported), with ``env`` added to the environment; returns pytest's
-    exit code, the command, the GPUs' state before and after (:func:`adahop.provenance.gpu_state`,
+    exit code, the command, the GPUs' state before and after (:func:`adahop.harness.provenance.gpu_state`,
     None without nvidia-smi) for the provenance, and whether it was interrupted.
 
     ``interrupt_after_s``: then pytest gets SIGINT, which it handles like Ctrl-C: it stops at the

@@ -6,20 +6,20 @@
         [--max-tokens 256] [--pretrained all-minilm-l6-v2|none] [--pretrained-batches N] \\
         [--pretrained-batch-size B] [--seed S] [--outlier-k K | --outlier-fraction F] [--overwrite]
 
-For each model × recipe: a short training run (:class:`adahop.train.Trainer`, the pretrain stage's
+For each model × recipe: a short training run (:class:`adahop.harness.train.Trainer`, the pretrain stage's
 loop and settings) whose forward + backward at each capture step is copied by hooks that leave the
-run unchanged (:mod:`adahop.capture`); for each pretrained model: the shipped weights, forward +
+run unchanged (:mod:`adahop.harness.capture`); for each pretrained model: the shipped weights, forward +
 backward of a contrastive loss on pairs of adjacent passages of the corpus's held-out text
-(:func:`adahop.study.pair_contrastive_loss`), one capture point per batch. Every captured layer is
-analysed by :func:`adahop.study.layer_records` (labels, pattern pairs, per-strategy GEMM error,
+(:func:`adahop.harness.study.pair_contrastive_loss`), one capture point per batch. Every captured layer is
+analysed by :func:`adahop.harness.study.layer_records` (labels, pattern pairs, per-strategy GEMM error,
 table and measured picks). The results file holds those records and the summaries of
-:func:`adahop.study.summarize`, with :func:`adahop.study.calibration_drift` from the step an AdaHOP
+:func:`adahop.harness.study.summarize`, with :func:`adahop.harness.study.calibration_drift` from the step an AdaHOP
 run of the profile calibrates to (``--out`` ending in ``.json.gz``: gzip-compressed, as the workflow
 writes it; they run to megabytes); the log prints them as Markdown tables, and
 ``experiments/pattern_tables.py`` recomputes them from the records into a Markdown report.
 
 Settings: DEFAULTS below < the profile's ``patterns`` section < flags. ``train`` holds
-:class:`adahop.train.TrainConfig` fields over the profile's ``pretrain`` section (``steps`` defaults
+:class:`adahop.harness.train.TrainConfig` fields over the profile's ``pretrain`` section (``steps`` defaults
 to the last capture step). ``policy_recipe`` + ``recipe_overrides`` give the detector, the strategy
 table, ``outlier_k`` and the rounding the study judges (``adahop``: the reference table).
 """
@@ -37,13 +37,13 @@ from typing import Any, Iterator
 import torch
 import yaml
 
-from adahop import study
-from adahop.provenance import write_results
+from adahop.harness import study
+from adahop.harness.provenance import write_results
 from adahop.recipes import get_recipe
-from adahop.train import DistInfo, TrainConfig, Trainer, corpus_batches
+from adahop.harness.train import DistInfo, TrainConfig, Trainer, corpus_batches
 
 DEFAULTS: dict[str, Any] = {
-    "models": ["tiny"],  # adahop.model preset names, each trained once per recipe
+    "models": ["tiny"],  # adahop.harness.model preset names, each trained once per recipe
     "recipes": ["bf16", "mxfp4"],  # the training recipes whose runs are captured
     "seed": 0,
     "capture_steps": [1, 10, 20, 30],  # 1-based optimizer steps whose forward + backward is copied
@@ -52,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "policy_recipe": "adahop",  # detector, table, outlier_k, rounding of the study
     "recipe_overrides": {},  # e.g. {outlier_k: 16, detector: {threshold: 3}}
     "outlier_fraction": None,  # OE rows as a share of the operand's rows instead of outlier_k
-    "pretrained": ["all-minilm-l6-v2"],  # package-shipped models (adahop.study.PRETRAINED)
+    "pretrained": ["all-minilm-l6-v2"],  # package-shipped models (adahop.harness.study.PRETRAINED)
     "pretrained_batches": 2,  # capture points of a pretrained model (one batch each)
     "pretrained_batch_size": 4,  # passage pairs per batch
     "pretrained_seq_len": 128,  # tokens per passage, [CLS] and [SEP] included
@@ -118,7 +118,7 @@ def train_config(s: dict[str, Any], pretrain: dict[str, Any], model: str, recipe
 
 def documents(data_dir: Path) -> Iterator[str]:
     """Held-out documents of the corpus, then training ones (``text/{val,train}.jsonl[.xz]``)."""
-    from adahop.data import iter_documents
+    from adahop.harness.data import iter_documents
 
     files = [data_dir / "text" / f"{split}.jsonl{ext}" for split in ("val", "train") for ext in ("", ".xz")]
     found = [f for f in files if f.exists()]

@@ -11,7 +11,7 @@ writes ``<out>/metrics.jsonl``, ``<out>/checkpoints/``, ``<out>/strategies.json`
 loss, tokens, tokens/s, MFU, peak memory, loss curve). Several GPUs:
 ``torchrun --standalone --nproc_per_node=2 experiments/pretrain.py ... [--fsdp]`` (same arguments;
 ``--batch-size`` is per GPU; DDP, or FSDP2 with ``--fsdp``: checkpoints then hold full state dicts
-gathered on rank 0, see :mod:`adahop.train`).
+gathered on rank 0, see :mod:`adahop.harness.train`).
 
 Throughput (random tokens, no eval, no files but the results; rules/throughput.smk runs each run
 of the profile's ``throughput`` section this way)::
@@ -43,7 +43,7 @@ group (torchrun's ranks get theirs and the launcher's): a repeat within a few se
 request; a SIGTERM after that ends the process at once.
 
 Settings come from the ``pretrain`` section of the profile: every key that is a field of
-:class:`adahop.train.TrainConfig` is a default, the command line overrides it; ``compile_recipes``
+:class:`adahop.harness.train.TrainConfig` is a default, the command line overrides it; ``compile_recipes``
 limits the profile's ``compile: true`` to the recipes it names; other keys of the section are the
 workflow's (the profile's schema checks them).
 """
@@ -64,11 +64,11 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from adahop.data import read_meta
+from adahop.harness.data import read_meta
 from adahop.linear import strategy_fixes
-from adahop.model import REFERENCE_VOCAB, export_hf
-from adahop.provenance import check_replaceable, write_results
-from adahop.train import (
+from adahop.harness.model import REFERENCE_VOCAB, export_hf
+from adahop.harness.provenance import check_replaceable, write_results
+from adahop.harness.train import (
     FLOAT8_PEERS,
     RandomTokenBatches,
     TrainConfig,

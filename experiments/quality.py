@@ -8,15 +8,15 @@ may come in any order and number: a campaign under way gives the runs done so fa
 follows the results convention (its provenance lists each source file's commit); both files are
 regenerated on every call (they derive from the sources alone). With ``--planned RUN,RUN,...``
 (the workflow passes the profile's runs) the table ends with the plan's progress: which runs are
-evaluated, trained only, or not run yet. See :mod:`adahop.quality`.
+evaluated, trained only, or not run yet. See :mod:`adahop.harness.quality`.
 """
 
 from __future__ import annotations
 
 import sys
 
-from adahop.provenance import atomic_write_text, read_results, table_script_args, write_results
-from adahop.quality import markdown, progress, quality_rows, split_records
+from adahop.harness.provenance import atomic_write_text, read_results, table_script_args, write_results
+from adahop.harness.quality import markdown, progress, quality_rows, split_records
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,11 +28,11 @@ import torch
 import yaml
 
 import adahop
-from adahop.capture import block_and_kind
+from adahop.harness.capture import block_and_kind
 from adahop.policy import SLOTS
-from adahop.provenance import write_results
+from adahop.harness.provenance import write_results
 from adahop.recipes import get_recipe
-from adahop.train import DistInfo, TrainConfig, Trainer, corpus_batches
+from adahop.harness.train import DistInfo, TrainConfig, Trainer, corpus_batches
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -6,7 +6,7 @@ Each figure script is called as::
         results/<stage>/<profile>/*.json[.gz]
 
 and writes ``<out>.png`` and ``<out>.pdf``. It reads only the results files it is given (plus,
-for figure 6, the paper's numbers that ``adahop/paper_reference.yaml`` cites); the PNG carries
+for figure 6, the paper's numbers that ``adahop/harness/paper_reference.yaml`` cites); the PNG carries
 the list of those files and their git commits in its metadata.
 """
 
@@ -25,7 +25,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import yaml  # noqa: E402
 
-from adahop.provenance import read_results  # noqa: E402
+from adahop.harness.provenance import read_results  # noqa: E402
 
 DEFAULT_DPI = 150
 
@@ -44,7 +44,7 @@ def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
 
 def load(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The results documents, each with its path under ``"path"``; a file that is not a results
-    file (adahop.provenance convention) raises ValueError naming it."""
+    file (adahop.harness.provenance convention) raises ValueError naming it."""
     docs = []
     for path in paths:
         doc = read_results(path)

@@ -1,7 +1,7 @@
 """Figure 10: the recipes compared seed by seed — each paired difference, its mean and 95% interval.
 
 Reads results/pretrain/<profile>/*.json and results/eval/<profile>/*.json (experiments/pretrain.py,
-experiments/evaluate.py), any order. The differences are ``adahop.quality``'s, the quality table's
+experiments/evaluate.py), any order. The differences are ``adahop.harness.quality``'s, the quality table's
 "Paired by seed" section: a recipe's final held-out loss (left) and corpus bits per byte (right)
 minus its baseline's on the same seed, for every recipe against bf16, AdaHOP against every other
 recipe, and the contrast pairs (uniform-iht against mxfp4). One row per pair: a marker per seed,
@@ -15,7 +15,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 
 import common
-from adahop.quality import METHOD, REFERENCE, quality_rows, split_records
+from adahop.harness.quality import METHOD, REFERENCE, quality_rows, split_records
 
 METRICS = (("final_val_loss", "final held-out loss difference (nats/token)"),
            ("bits_per_byte", "corpus bits per byte difference"))

@@ -16,7 +16,7 @@ import pandas as pd
 import seaborn as sns
 
 import common
-from adahop.quality import paired_gap_points
+from adahop.harness.quality import paired_gap_points
 
 
 def curves(runs: pd.DataFrame, column: str, value: str) -> pd.DataFrame:

@@ -2,7 +2,7 @@
 
 Reads results/eval/<profile>/<model>_<recipe>_s<seed>.json (experiments/evaluate.py): one record
 per (task, metric) with ``value``, ``recipe``, ``model``, ``seed``, ``forward`` and ``limit``.
-The paper's numbers come from adahop/paper_reference.yaml (each cites its table); where that file
+The paper's numbers come from adahop/harness/paper_reference.yaml (each cites its table); where that file
 holds none, the right-hand panel says so instead of showing bars.
 
 Metric per task: the paper's where it reports the task, else ``acc_norm`` where lm-eval has it,
@@ -49,7 +49,7 @@ def label_runs(frame: pd.DataFrame) -> pd.Series:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from adahop.eval import load_paper_reference
+    from adahop.harness.eval import load_paper_reference
 
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)

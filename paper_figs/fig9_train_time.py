@@ -2,9 +2,9 @@
 
 Reads results/pretrain/<profile>/<model>_<recipe>_s<seed>.json (experiments/pretrain.py): each
 record's ``steps``, ``train_s``, ``step_s``, ``first_s`` and ``calibration``
-(``adahop.train.step_times``, from the run's per-step throughput; held-out evaluation and
+(``adahop.harness.train.step_times``, from the run's per-step throughput; held-out evaluation and
 checkpoints are not in it). Per model, one stacked bar per recipe, the mean over its one-GPU runs
-(``adahop.quality.train_time``, the numbers of the quality table's last section; runs on several
+(``adahop.harness.quality.train_time``, the numbers of the quality table's last section; runs on several
 GPUs or sharing one are left out and named): every step at the median step's time, the first
 step's time above it (compilation, autotuning), the calibration steps' time above it, the first
 step after each calibration (the kernels of the newly fixed strategies compile then), and the
@@ -18,7 +18,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 import common
-from adahop.quality import train_time, with_gpu_sharing
+from adahop.harness.quality import train_time, with_gpu_sharing
 
 SEGMENTS = (  # (label, what it adds up, its colour index in the palette)
     ("every step at the median step", "plain_s", 7),
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> None:
             for d in docs for r in d["records"]]
     if not any(r.get("train_s") is not None for r in runs):
         raise ValueError(f"no record of {[d['path'] for d in docs]} has train_s (the per-step timings "
-                         "adahop.train.step_times gives): are these pretraining results?")
+                         "adahop.harness.train.step_times gives): are these pretraining results?")
     models = list(dict.fromkeys(r["model"] for r in runs))
     colours = dict(zip((key for _, key, _ in SEGMENTS), (sns.color_palette("colorblind")[i] for *_, i in SEGMENTS)))
 

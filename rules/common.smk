@@ -96,7 +96,7 @@ def stage_input(path):
 
 
 # Stages whose results are large (megabytes of per-layer records) write gzip-compressed JSON
-# (adahop.provenance reads and writes both): the tree sent to a GPU machine must stay small.
+# (adahop.harness.provenance reads and writes both): the tree sent to a GPU machine must stay small.
 COMPRESSED_STAGES = ("patterns",)
 
 

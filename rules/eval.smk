@@ -26,21 +26,21 @@ rule eval_table:
     input:
         script="experiments/evaluate.py",
         results=results_inputs((results_path("eval", run) for run in RUNS), partial=True),
-        reference="adahop/paper_reference.yaml",
+        reference="adahop/harness/paper_reference.yaml",
     output:
         md=f"results/eval/{PROFILE}/table.md",
         csv=f"results/eval/{PROFILE}/table.csv",
     log:
         log_path("eval_table"),
     shell:
-        # Mean and spread over seeds per task, beside the paper's numbers (adahop/paper_reference.yaml).
+        # Mean and spread over seeds per task, beside the paper's numbers (adahop/harness/paper_reference.yaml).
         script_cmd("{input.script}", f"--table results/eval/{PROFILE}")
 
 
 rule quality_table:
     input:
         script="experiments/quality.py",
-        module="adahop/quality.py",  # the table's arithmetic: a change there regenerates it
+        module="adahop/harness/quality.py",  # the table's arithmetic: a change there regenerates it
         # pretraining and lm-eval results of every run (with committed results: those done so far)
         results=results_inputs(
             [*(results_path("pretrain", run) for run in RUNS), *(results_path("eval", run) for run in RUNS)],
@@ -54,6 +54,6 @@ rule quality_table:
     log:
         log_path("quality_table"),
     shell:
-        # Each recipe's gap to bf16 in held-out loss, bits per byte and mean accuracy (adahop.quality),
+        # Each recipe's gap to bf16 in held-out loss, bits per byte and mean accuracy (adahop.harness.quality),
         # and which of the profile's runs it stands on so far.
         script_cmd("{input.script}", f"--out results/quality/{PROFILE}/quality --planned {{params.planned}} {{input.results}}")

@@ -25,12 +25,12 @@ if CALIBRATING_RUNS:  # a profile without adahop has no strategy map to draw
 PER_RUN_FIGURES = ("fig3_loss", "fig6_lm_eval", "fig7_e2e_throughput", "fig8_strategy_map", "fig9_train_time",
                    "fig10_paired_gaps")
 # Read beside the results: the paper's own numbers, each citing its table.
-FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/paper_reference.yaml"]}
+FIGURE_REFERENCES = {"fig6_lm_eval": ["adahop/harness/paper_reference.yaml"]}
 # Library code a figure computes with (a change there redraws it): figure 3's gap to bf16 is
-# adahop.quality's, the same points the quality table lists; figure 9's means are its train_time;
+# adahop.harness.quality's, the same points the quality table lists; figure 9's means are its train_time;
 # figure 10's differences its paired section.
-FIGURE_CODE = {"fig3_loss": ["adahop/quality.py"], "fig9_train_time": ["adahop/quality.py"],
-               "fig10_paired_gaps": ["adahop/quality.py"]}
+FIGURE_CODE = {"fig3_loss": ["adahop/harness/quality.py"], "fig9_train_time": ["adahop/harness/quality.py"],
+               "fig10_paired_gaps": ["adahop/harness/quality.py"]}
 ALL_RESULTS = results_inputs(
     sorted({path for paths in FIGURE_INPUTS.values() for path in paths} | {rules.corpus.output.results})
 )

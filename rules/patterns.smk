@@ -22,7 +22,7 @@ rule patterns:
 rule pattern_tables:
     input:
         script="experiments/pattern_tables.py",
-        module="adahop/study.py",  # the summaries' arithmetic: a change there regenerates them
+        module="adahop/harness/study.py",  # the summaries' arithmetic: a change there regenerates them
         results=results_inputs([results_path("patterns", "patterns")]),
     output:
         md=f"results/pattern_summary/{PROFILE}/summary.md",
@@ -31,5 +31,5 @@ rule pattern_tables:
         log_path("pattern_tables"),
     shell:
         # The study's summaries (label distributions, stability, the table's agreement with the
-        # lowest-error option, calibration drift) recomputed from its records (adahop.study).
+        # lowest-error option, calibration drift) recomputed from its records (adahop.harness.study).
         script_cmd("{input.script}", f"--out results/pattern_summary/{PROFILE}/summary {{input.results}}")

@@ -9,7 +9,7 @@
 
 PRETRAIN = config["pretrain"]
 # Keys of the pretrain section that choose which runs exist; the others are training settings
-# (fields of adahop.train.TrainConfig) that the script reads, and the params every run shares.
+# (fields of adahop.harness.train.TrainConfig) that the script reads, and the params every run shares.
 PRETRAIN_MATRIX_KEYS = ("models", "recipes", "seeds", "ablations")
 TRAIN_SETTINGS = {k: v for k, v in PRETRAIN.items() if k not in PRETRAIN_MATRIX_KEYS}
 RUN = "{model}_{recipe}_s{seed}"

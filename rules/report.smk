@@ -18,7 +18,7 @@ REPORT_EXTRA = sorted(p for pattern in ("*.json", "*.json.gz") for p in glob.glo
 rule report:
     input:
         script="experiments/report.py",
-        reference="adahop/paper_reference.yaml",
+        reference="adahop/harness/paper_reference.yaml",
         results=results_inputs(sorted(
             {path for paths in FIGURE_INPUTS.values() for path in paths}
             | {rules.corpus.output.results, rules.quality_table.output.json, rules.pattern_tables.output.json}

@@ -24,7 +24,7 @@ if _several:
 THROUGHPUT_SETS = ("steps", "batch_size", "seq_len", "compile", "fsdp", "max_tokens", "eval_interval",
                    "eval_batches", "checkpoint_interval", "keep_checkpoints", "log_interval")
 THROUGHPUT_TRAIN_SETTINGS = {k: v for k, v in TRAIN_SETTINGS.items() if k not in THROUGHPUT_SETS}
-# NVLink multicast stays off for a job over several GPUs (adahop.train.MULTI_GPU_ENV says why).
+# NVLink multicast stays off for a job over several GPUs (adahop.harness.train.MULTI_GPU_ENV says why).
 MULTI_GPU_ENV = "NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1"
 
 # Per run: python, or torchrun with one process per GPU on this node; the script's arguments

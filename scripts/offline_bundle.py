@@ -14,7 +14,7 @@ commit and each file's sha256). ``unpack`` checks every checksum, unpacks the tr
 unpacked tree has no git history) and, with ``--install``, runs ``setup.sh`` against the wheels
 alone. ``pack-results`` packs a profile's ``results/`` and figures; ``unpack-results`` puts them in
 place, refusing a file of a different configuration and keeping a replaced file's predecessor in
-``history/`` (``adahop.provenance``).
+``history/`` (``adahop.harness.provenance``).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def pack_results(args: argparse.Namespace) -> None:
 
 
 def unpack_results(args: argparse.Namespace) -> None:
-    from adahop.provenance import ResultsConflict, check_replaceable, keep_predecessor, read_results
+    from adahop.harness.provenance import ResultsConflict, check_replaceable, keep_predecessor, read_results
 
     root: Path = args.root
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(args.archive) as tar:

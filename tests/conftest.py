@@ -36,9 +36,9 @@ def one_thread():
 
 @pytest.fixture(scope="session")
 def write_corpus():
-    """``write(folder, docs, n_train, vocab_size)``: the documents as an adahop.data folder (text
+    """``write(folder, docs, n_train, vocab_size)``: the documents as an adahop.harness.data folder (text
     splits, the first ``n_train`` for training, then a BPE and token shards); returns the folder."""
-    from adahop import data
+    from adahop.harness import data
 
     def write(out, docs, n_train, vocab_size):
         for split, part in (("train", docs[:n_train]), ("val", docs[n_train:])):

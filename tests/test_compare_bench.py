@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from adahop.provenance import write_results
+from adahop.harness.provenance import write_results
 
 REPO = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("compare_bench", REPO / "experiments" / "compare_bench.py")

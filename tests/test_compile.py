@@ -16,7 +16,7 @@ import torch
 import torch._dynamo
 
 import adahop
-from adahop.model import Llama, LlamaConfig
+from adahop.harness.model import Llama, LlamaConfig
 from adahop.recipes import RECIPES
 
 QUANTIZED = sorted(name for name, r in RECIPES.items() if r.swaps_linear)

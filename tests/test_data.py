@@ -1,4 +1,4 @@
-"""Corpus, tokenizer and token data (adahop.markup, adahop.corpus, adahop.data). No network:
+"""Corpus, tokenizer and token data (adahop.harness.markup, adahop.harness.corpus, adahop.harness.data). No network:
 markup snippets are copied from the real packages, the corpus fixture is generated here."""
 
 import gzip
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from adahop import corpus, data, markup
+from adahop.harness import corpus, data, markup
 
 # --------------------------------------------------------------------------- markup, one format each
 
@@ -420,11 +420,11 @@ def test_tokenizer_training_is_deterministic(tmp_path):
     assert data.train_tokenizer(iter(texts), 400).to_str() == a
     # Another process with one Rayon thread (and another hash seed) trains the same tokenizer.
     (tmp_path / "texts.json").write_text(json.dumps(texts))
-    code = ("import json, sys; from adahop.data import train_tokenizer; "
+    code = ("import json, sys; from adahop.harness.data import train_tokenizer; "
             "print(train_tokenizer(json.load(open(sys.argv[1])), 400).to_str(), end='')")
     env = {**os.environ, "RAYON_NUM_THREADS": "1", "PYTHONHASHSEED": "123"}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "texts.json")], env=env,
-                         capture_output=True, text=True, check=True, cwd=Path(data.__file__).parent.parent)
+                         capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout == a
 
 
@@ -592,7 +592,7 @@ def test_gzip_members_are_read_transparently(tmp_path):
 def _build_corpus_script():
     import importlib.util
 
-    path = Path(data.__file__).resolve().parent.parent / "experiments" / "build_corpus.py"
+    path = REPO / "experiments" / "build_corpus.py"
     spec = importlib.util.spec_from_file_location("build_corpus_script", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

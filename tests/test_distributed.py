@@ -28,8 +28,8 @@ import torch.distributed as dist
 
 import adahop
 from adahop.policy import PATTERNS, ROLES, Calibration, Strategy
-from adahop.provenance import REPO_ROOT
-from adahop.train import RandomTokenBatches, TrainConfig, Trainer, init_distributed
+from adahop.harness.provenance import REPO_ROOT
+from adahop.harness.train import RandomTokenBatches, TrainConfig, Trainer, init_distributed
 
 pytestmark = [pytest.mark.distributed, pytest.mark.usefixtures("one_thread")]
 
@@ -102,7 +102,7 @@ class GlobalBatches:
 
 
 def trainer(rank: int, world: int, out_dir: Path | None = None, **overrides) -> Trainer:
-    from adahop.train import DistInfo
+    from adahop.harness.train import DistInfo
 
     info = DistInfo(rank, rank, world)
     batches = GlobalBatches(rank, world) if world == WORLD else Shares()

@@ -16,9 +16,9 @@ import pytest
 import torch
 import yaml
 
-from adahop import eval as ev
+from adahop.harness import eval as ev
 from adahop.formats import dequantize_mxfp4_ref, quantize_mxfp4_ref
-from adahop.provenance import read_results, write_results
+from adahop.harness.provenance import read_results, write_results
 
 REPO = Path(__file__).resolve().parent.parent
 LIMIT = 8
@@ -153,7 +153,7 @@ def test_written_task_yamls_name_no_file_of_the_installation(tmp_path):
     for path in sorted(tmp_path.glob("*.yaml")):
         text = path.read_text()
         assert not _paths_named_in(text, install), f"{path.name} names {_paths_named_in(text, install)}"
-        assert "include:" not in text and "class: !function adahop.eval.StockTask" in text
+        assert "include:" not in text and "class: !function adahop.harness.eval.StockTask" in text
 
 
 def test_a_task_folder_copied_elsewhere_loads_the_same_tasks(tmp_path):
@@ -169,7 +169,7 @@ def test_a_task_folder_copied_elsewhere_loads_the_same_tasks(tmp_path):
     (tmp_path / "included").mkdir()
     for name in names:
         text = (tmp_path / "elsewhere" / "tasks" / f"{name}.yaml").read_text()
-        text = text.replace("class: !function adahop.eval.StockTask", f"include: {ev.stock_task_yaml(name)}")
+        text = text.replace("class: !function adahop.harness.eval.StockTask", f"include: {ev.stock_task_yaml(name)}")
         (tmp_path / "included" / f"{name}.yaml").write_text(text)
     moved = TaskManager(include_path=str(tmp_path / "elsewhere" / "tasks"), include_defaults=False).load(names)["tasks"]
     stock = TaskManager(include_path=str(tmp_path / "included"), include_defaults=False).load(names)["tasks"]

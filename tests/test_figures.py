@@ -19,8 +19,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from adahop import data
-from adahop.provenance import read_results, write_results
+from adahop.harness import data
+from adahop.harness.provenance import read_results, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: tiny ops, one thread
@@ -79,7 +79,7 @@ def profile(work) -> Path:
 
 @pytest.fixture(scope="module")
 def corpus(work) -> Path:
-    """A data folder (adahop.data) of sentences from a small random grammar, a 300-token BPE."""
+    """A data folder (adahop.harness.data) of sentences from a small random grammar, a 300-token BPE."""
     rng = np.random.default_rng(0)
     words = (["the cat", "a dog", "my friend", "the king"], ["sees", "likes", "finds", "holds"],
              ["the ball", "a red apple", "some bread", "a small boat"])

@@ -1,4 +1,4 @@
-"""adahop.kernel_compile: every kernel compiles for sm_90 as GPU launches specialize it, checked on CPU.
+"""adahop.harness.kernel_compile: every kernel compiles for sm_90 as GPU launches specialize it, checked on CPU.
 
 Each test runs in a subprocess with ``TRITON_INTERPRET=0``: this process runs Triton's interpreter
 (tests/conftest.py), where kernels are not JITFunctions and nothing is specialized.
@@ -27,17 +27,17 @@ def run_python(code: str, path: Path | None = None) -> subprocess.CompletedProce
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
     """default_cases() compile for sm_90 (about 100 s on 2 cores), and they launch every kernel module."""
-    proc = run_python("import sys; from adahop.kernel_compile import main; sys.exit(main())")
+    proc = run_python("import sys; from adahop.harness.kernel_compile import main; sys.exit(main())")
     assert proc.returncode == 0, f"kernels that do not compile for sm_90:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     compiled = {line.split(".", 1)[0] for line in proc.stdout.splitlines() if " variants compiled" in line}
     missing = [m for m in KERNEL_MODULES if m not in compiled]
-    assert not missing, f"no case of adahop.kernel_compile.default_cases() launches {missing}:\n{proc.stdout}"
+    assert not missing, f"no case of adahop.harness.kernel_compile.default_cases() launches {missing}:\n{proc.stdout}"
 
 
 SPECIALIZATION_VS_TRITON = """
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
-from adahop import kernel_compile as kc
+from adahop.harness import kernel_compile as kc
 
 backend = make_backend(kc.TARGET)
 n = 0
@@ -86,7 +86,7 @@ def launch():
 
 CHECK_BROKEN = """
 import sys
-from adahop import kernel_compile as kc
+from adahop.harness import kernel_compile as kc
 import broken_kernel
 
 kc.default_cases = lambda: [kc.Case("xor", broken_kernel.launch)]

@@ -10,7 +10,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from adahop.provenance import REPO_ROOT
+from adahop.harness.provenance import REPO_ROOT
 
 spec = importlib.util.spec_from_file_location("kernel_tests_script", REPO_ROOT / "experiments" / "kernel_tests.py")
 kernel_tests = importlib.util.module_from_spec(spec)

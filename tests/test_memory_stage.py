@@ -4,7 +4,7 @@ import importlib.util
 
 import pytest
 
-from adahop.provenance import REPO_ROOT, ResultsConflict, read_results
+from adahop.harness.provenance import REPO_ROOT, ResultsConflict, read_results
 
 
 def load_script():
@@ -42,8 +42,8 @@ def test_a_run_cut_short_keeps_its_records_and_another_config_is_refused_first(t
 def write_map(path, model="tiny", wgrad="bf16"):
     """A strategies results file: every linear layer of ``model`` with wgrad in ``wgrad``."""
     import adahop
-    from adahop.model import Llama, LlamaConfig
-    from adahop.provenance import write_results
+    from adahop.harness.model import Llama, LlamaConfig
+    from adahop.harness.provenance import write_results
 
     names = adahop.export_strategies(adahop.convert(Llama(LlamaConfig.from_name("tiny", 512, max_seq_len=128)), "adahop"))
     recs = [{"model": model, "recipe": "adahop", "seed": 0, "layer": name, "slot": slot,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from adahop.provenance import read_results
+from adahop.harness.provenance import read_results
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "microbench.py"
 spec = importlib.util.spec_from_file_location("microbench_script", SCRIPT)

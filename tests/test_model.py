@@ -1,4 +1,4 @@
-"""adahop.model: HF Llama parity, export/load round trip, named sizes, FLOPs formula, input checks."""
+"""adahop.harness.model: HF Llama parity, export/load round trip, named sizes, FLOPs formula, input checks."""
 
 import json
 
@@ -7,7 +7,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from adahop.model import (
+from adahop.harness.model import (
     MX_BLOCK,
     NOMINAL_PARAMS,
     PRESETS,

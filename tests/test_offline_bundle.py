@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from adahop.provenance import ResultsConflict, read_results, write_results
+from adahop.harness.provenance import ResultsConflict, read_results, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("offline_bundle", ROOT / "scripts" / "offline_bundle.py")

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-import adahop.provenance as provenance_module
-from adahop.provenance import ResultsConflict, read_results, write_results
+import adahop.harness.provenance as provenance_module
+from adahop.harness.provenance import ResultsConflict, read_results, write_results
 
 # Every behaviour of a results file holds for plain and for gzip-compressed JSON.
 suffixes = pytest.mark.parametrize("suffix", [".json", ".json.gz"], ids=["json", "json-gz"])

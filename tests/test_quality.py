@@ -1,4 +1,4 @@
-"""adahop.quality and experiments/quality.py: each recipe's gap to bf16 from pretraining and lm-eval records."""
+"""adahop.harness.quality and experiments/quality.py: each recipe's gap to bf16 from pretraining and lm-eval records."""
 
 import importlib.util
 import math
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from adahop.provenance import read_results
-from adahop.quality import markdown, paired_gap_points, progress, quality_rows
+from adahop.harness.provenance import read_results
+from adahop.harness.quality import markdown, paired_gap_points, progress, quality_rows
 
 REPO = Path(__file__).resolve().parent.parent
 

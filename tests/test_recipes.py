@@ -141,7 +141,7 @@ def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
     # The workflow reads these from config/schema.yaml, not from the registry (no torch at parse time).
     import yaml
 
-    from adahop.provenance import REPO_ROOT
+    from adahop.harness.provenance import REPO_ROOT
 
     defs = yaml.safe_load((REPO_ROOT / "config" / "schema.yaml").read_text())["$defs"]
     assert defs["calibrating_recipe"]["enum"] == [name for name, r in RECIPES.items() if r.policy is not None]

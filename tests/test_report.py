@@ -89,7 +89,7 @@ def test_the_headline_numbers_are_read_from_the_files(tmp_path):
 
 
 def test_history_files_are_not_read(tmp_path):
-    from adahop.provenance import write_results
+    from adahop.harness.provenance import write_results
 
     write_results(tmp_path / "results" / "memory" / "gpu" / "memory.json", [{"what": "layer"}])
     write_results(tmp_path / "results" / "memory" / "gpu" / "history" / "memory-2026-01-01.json", [{"what": "layer"}])

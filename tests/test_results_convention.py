@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from adahop.provenance import REPO_ROOT, read_results
+from adahop.harness.provenance import REPO_ROOT, read_results
 
 
 def git(*args: str) -> str:

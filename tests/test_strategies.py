@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from adahop.policy import SLOTS
-from adahop.provenance import REPO_ROOT, read_results
+from adahop.harness.provenance import REPO_ROOT, read_results
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -10,14 +10,14 @@ import yaml
 from torch import nn
 
 import adahop
-from adahop import study
-from adahop.capture import Captured, OperandCapture, block_and_kind
+from adahop.harness import study
+from adahop.harness.capture import Captured, OperandCapture, block_and_kind
 from adahop.linear import Operand, derive_seed, score_strategies
 from adahop.patterns import planted_outliers
 from adahop.policy import MEASURED_CANDIDATES, SLOTS
-from adahop.provenance import REPO_ROOT, read_results, write_results
+from adahop.harness.provenance import REPO_ROOT, read_results, write_results
 from adahop.recipes import get_recipe
-from adahop.train import RandomTokenBatches, TrainConfig, Trainer
+from adahop.harness.train import RandomTokenBatches, TrainConfig, Trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: small tensors, one thread
 

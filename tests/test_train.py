@@ -1,4 +1,4 @@
-"""adahop.train and experiments/pretrain.py on CPU: learning, exact resume, NaN stop, stop on request/SIGTERM, CLI, DDP (gloo)."""
+"""adahop.harness.train and experiments/pretrain.py on CPU: learning, exact resume, NaN stop, stop on request/SIGTERM, CLI, DDP (gloo)."""
 
 import importlib.util
 import json
@@ -16,9 +16,9 @@ import torch
 import yaml
 
 import adahop
-from adahop.model import export_hf, load_hf
-from adahop.provenance import REPO_ROOT, ResultsConflict, read_results
-from adahop.train import (
+from adahop.harness.model import export_hf, load_hf
+from adahop.harness.provenance import REPO_ROOT, ResultsConflict, read_results
+from adahop.harness.train import (
     DistInfo,
     NonFiniteLossError,
     RandomTokenBatches,
@@ -41,7 +41,7 @@ SMALL = dict(model="tiny", seq_len=64, batch_size=4, lr=3e-3, warmup_steps=2, ev
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory, write_corpus):
-    """A data folder built by adahop.data from documents of a small random grammar: a 400-token
+    """A data folder built by adahop.harness.data from documents of a small random grammar: a 400-token
     BPE, ~40k uint16 train tokens, ~4k held out."""
     rng = np.random.default_rng(0)
     subjects, verbs, objects = (["the cat", "a dog", "my friend", "the king", "an old man"],
@@ -494,7 +494,7 @@ def test_float8_peer_converts_every_block_linear_but_not_the_lm_head_and_trains(
     cfg = TrainConfig(**{**SMALL, "recipe": peer, "steps": 3, "eval_interval": 0})
     trainer = Trainer(cfg, 512, RandomTokenBatches(512, 64, 4, seed=3), device="cpu", progress=False)
     assert trainer.peer == "torchao" and trainer.recipe is None and trainer.calibration_windows() == []
-    reference = adahop.model.Llama(trainer.model_config)
+    reference = adahop.harness.model.Llama(trainer.model_config)
     block_linears = {n for n, m in reference.named_modules() if type(m) is torch.nn.Linear and n != "lm_head"}
     converted = {n: m for n, m in trainer.model.named_modules() if isinstance(m, Float8Linear)}
     assert set(converted) == block_linears and len(block_linears) == 7 * trainer.model_config.n_layers

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 N_FIGURES = len(list(ROOT.joinpath("paper_figs").glob("fig*.py")))
 SNAKEMAKE = Path(sys.executable).with_name("snakemake")
 WORKFLOW_FILES = ("Snakefile", "rules", "config", "profiles", "experiments", "paper_figs", "tests/bench",
-                  "adahop/paper_reference.yaml", "adahop/quality.py", "adahop/study.py")
+                  "adahop/harness/paper_reference.yaml", "adahop/harness/quality.py", "adahop/harness/study.py")
 PROFILES = ("smoke", "gpu")
 STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "throughput", "eval",
                "strategies")
@@ -380,7 +380,7 @@ def script_keys() -> dict[str, set[str]]:
             sys.path.remove(str(ROOT / "experiments"))
         return module
 
-    from adahop.train import TrainConfig
+    from adahop.harness.train import TrainConfig
 
     memory = load("memory")
     return {

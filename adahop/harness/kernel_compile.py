@@ -17,9 +17,9 @@ what the GPU compiles:
 3. :func:`compile_variants`: ``triton.compile`` each distinct variant for ``GPUTarget("cuda", 90, 32)``,
    down to the cubin (Triton ships ptxas).
 
-    python -m adahop.kernel_compile             # default_cases()
-    python -m adahop.kernel_compile --full      # full_cases(): every flag combination (long, see kernels/README.md)
-    python -m adahop.kernel_compile --only signs
+    python -m adahop.harness.kernel_compile             # default_cases()
+    python -m adahop.harness.kernel_compile --full      # full_cases(): every flag combination (long, see kernels/README.md)
+    python -m adahop.harness.kernel_compile --only signs
 
 Prints one line per kernel and each failure (kernel, case, the arguments set to 1, the error's
 first lines); exits 1 on any failure.
@@ -496,7 +496,7 @@ def full_cases() -> list[Case]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m adahop.kernel_compile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m adahop.harness.kernel_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the cases of full_cases() (long)")
     parser.add_argument("--only", metavar="TEXT", help="only the kernels whose name holds TEXT (e.g. signs)")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()

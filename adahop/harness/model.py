@@ -365,7 +365,7 @@ def export_hf(
     from transformers import PreTrainedTokenizerFast
 
     if not isinstance(model, Llama):
-        raise TypeError(f"export_hf needs an adahop.model.Llama (unwrap DDP/compile), got {type(model).__name__}")
+        raise TypeError(f"export_hf needs an adahop.harness.model.Llama (unwrap DDP/compile), got {type(model).__name__}")
     tokenizer_json = Path(tokenizer_json)
     if not tokenizer_json.is_file():
         raise ValueError(f"tokenizer file {tokenizer_json} does not exist")

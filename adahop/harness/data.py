@@ -3,7 +3,7 @@
 Layout of a data folder ``data/<corpus>/`` (docs/CONTRACTS.md, "Data"):
 
 - ``text/train.jsonl``, ``text/val.jsonl``: the cleaned documents, one ``{"id", "source",
-  "text"}`` per line (written by :mod:`adahop.corpus`).
+  "text"}`` per line (written by :mod:`adahop.harness.corpus`).
 - ``tokenizer.json``: a byte-level BPE (``tokenizers``), trained on the train split only, with
   the special tokens ``<|bos|>`` (id 0) and ``<|eos|>`` (id 1). Load it with
   ``tokenizers.Tokenizer.from_file`` or ``transformers.PreTrainedTokenizerFast(

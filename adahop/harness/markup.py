@@ -4,7 +4,7 @@ Every converter returns text in one normal form (see :func:`normalize`): NFC Uni
 control characters, single spaces inside a line, paragraphs separated by exactly one blank
 line. Code is dropped where the markup marks it (``<pre>``, highlighted blocks, POD verbatim
 paragraphs, roff ``.nf``/``.EX`` blocks, wiki ``<pre>``/``<syntaxhighlight>``); the corpus
-quality filter (``adahop.corpus.quality``) removes documents where unmarked code still dominates.
+quality filter (``adahop.harness.corpus.quality``) removes documents where unmarked code still dominates.
 
 Formats and why each one: HTML (Sphinx, DocBook and AsciiDoc renderings: the rendered form
 has every reST role, substitution and include resolved, so no reST or texinfo parser is

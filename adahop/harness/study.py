@@ -1,7 +1,7 @@
 """The outlier-pattern study: labels, pattern pairs and per-strategy GEMM error of captured layers.
 
 What AdaHOP's strategy table rests on, measured: for every linear layer whose operands
-:mod:`adahop.capture` copied (X, W, grad_output) at a capture point, and for each of its three
+:mod:`adahop.harness.capture` copied (X, W, grad_output) at a capture point, and for each of its three
 GEMMs in its orientation (DESIGN §1, §3; :data:`GEMM_OPERANDS`):
 
 1. each operand is labelled ``row``/``col``/``none`` by the recipe's
@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from adahop.capture import Captured, OperandCapture, block_and_kind
+from adahop.harness.capture import Captured, OperandCapture, block_and_kind
 from adahop import ops
 from adahop.linear import Operand, derive_seed, quantize, slot_specs, strategy_mm
 from adahop.patterns import PatternDetector
@@ -316,7 +316,7 @@ def capture_training(
     skip: tuple[str, ...] = ("lm_head",),
     seed: int = 0,
 ) -> list[float]:
-    """Train ``trainer`` (an :class:`adahop.train.Trainer`) to its last step, capturing the
+    """Train ``trainer`` (an :class:`adahop.harness.train.Trainer`) to its last step, capturing the
     forward + backward of each optimizer step in ``capture_steps`` (1-based: step ``s`` is the
     ``s``-th update, operands taken before it is applied).
 

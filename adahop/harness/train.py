@@ -2,7 +2,7 @@
 
 What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches per rank):
 
-1. the model (:mod:`adahop.model`) is built from a named size and the tokenizer's vocabulary,
+1. the model (:mod:`adahop.harness.model`) is built from a named size and the tokenizer's vocabulary,
    converted with ``adahop.convert(model, recipe)`` (every linear but the LM head) or, for the
    torchao peers of :data:`FLOAT8_PEERS`, with torchao's ``convert_to_float8_training`` (the LM
    head skipped too), optionally ``torch.compile``-d, and wrapped in DDP when ``WORLD_SIZE > 1``
@@ -21,10 +21,10 @@ What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches
 
 Checkpoints under FSDP hold full (unsharded) state dicts, gathered to rank 0's host memory
 through ``torch.distributed.checkpoint.state_dict`` and loaded back by every rank from the one
-file: the same single-file layout as DDP's and one process's, which :func:`adahop.model.export_hf`
+file: the same single-file layout as DDP's and one process's, which :func:`adahop.harness.model.export_hf`
 and the strategy export read directly. It needs rank 0 to hold the fp32 weights and both AdamW
 moments in host memory (16 bytes a parameter: 44 GiB for ``3b``), which the sizes of
-:mod:`adahop.model` fit; a sharded ``torch.distributed.checkpoint`` directory would be the way
+:mod:`adahop.harness.model` fit; a sharded ``torch.distributed.checkpoint`` directory would be the way
 past that.
 
 A run restarted with the same ``out_dir`` resumes from its latest checkpoint and continues on the
@@ -35,7 +35,7 @@ checkpoints that step and raises :class:`TrainingStopped`, so a time-limited job
 
 Throughput is measured as tokens per second of wall time between log lines (eval and checkpoint
 time excluded), MFU as ``flops_per_token · tokens/s / (peak · world_size)`` with
-:meth:`adahop.model.LlamaConfig.flops_per_token` (6N + 12·L·H·Q·T) and the dense bf16 peak of
+:meth:`adahop.harness.model.LlamaConfig.flops_per_token` (6N + 12·L·H·Q·T) and the dense bf16 peak of
 :data:`PEAK_BF16_FLOPS`.
 """
 
@@ -62,8 +62,8 @@ from torch import nn
 
 import adahop
 import adahop.linear
-from adahop.model import Llama, LlamaConfig, rope_tables
-from adahop.provenance import atomic_write_text, git_state
+from adahop.harness.model import Llama, LlamaConfig, rope_tables
+from adahop.harness.provenance import atomic_write_text, git_state
 
 # Dense bf16 tensor-core peaks (FLOP/s) by a substring of the CUDA device name; the first match
 # wins, so the more specific names come first. Unknown devices (and CPUs) report no MFU.
@@ -386,7 +386,7 @@ class RandomTokenBatches:
 
 
 def read_vocab_size(data_dir: str | Path) -> int:
-    from adahop.data import read_meta
+    from adahop.harness.data import read_meta
 
     return int(read_meta(data_dir)["vocab_size"])
 
@@ -511,7 +511,7 @@ class Trainer:
         """The trained model with full weights, on the main rank (None on the others): ``self.model``
         itself, or under FSDP (a collective) a plain :class:`Llama` on the CPU built from the gathered
         weights (the layers' strategies are not part of it; ``adahop.export_strategies(self.model)``
-        has them on every rank). What :func:`adahop.model.export_hf` takes."""
+        has them on every rank). What :func:`adahop.harness.model.export_hf` takes."""
         if not self.fsdp:
             return self.model if self.dist.is_main else None
         state, _ = self.full_state()
@@ -877,8 +877,8 @@ def corpus_batches(
     data_dir: str | Path, cfg: TrainConfig, dist_info: DistInfo
 ) -> tuple[int, Iterator, Callable[[], Iterable]]:
     """``(vocab_size, train batches, held-out batches)`` of a corpus directory for this rank,
-    through :mod:`adahop.data` (the sampler resumes from its ``state_dict``)."""
-    from adahop import data
+    through :mod:`adahop.harness.data` (the sampler resumes from its ``state_dict``)."""
+    from adahop.harness import data
 
     vocab_size = read_vocab_size(data_dir)
     train = data.TokenBatches(data_dir, "train", cfg.seq_len, cfg.batch_size, cfg.seed,

@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _git(*args: str) -> str | None:
@@ -162,7 +162,7 @@ def provenance(
         },
         "device": device_description(device),
         # ADAHOP_RUNS_PER_GPU: set it where several runs share one GPU, so that their rates are not
-        # read as one GPU's (adahop.quality leaves such runs out of the timing table).
+        # read as one GPU's (adahop.harness.quality leaves such runs out of the timing table).
         "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU")
                         if k in os.environ},
         "config": config or {},
