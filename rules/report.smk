@@ -14,16 +14,21 @@ REPORT = "docs/RESULTS.md" if PROFILE == "gpu" else f"docs/RESULTS-{PROFILE}.md"
 # results/<stage>/<profile>/, and a predecessor kept in history/ is not one of them.
 REPORT_EXTRA = sorted(p for pattern in ("*.json", "*.json.gz") for p in glob.glob(f"results/*/{PROFILE}/{pattern}"))
 
+REPORT_RUNS = {path for name in PER_RUN_FIGURES for path in FIGURE_INPUTS[name]}
+
 
 rule report:
     input:
         script="experiments/report.py",
         reference="adahop/harness/paper_reference.yaml",
-        results=results_inputs(sorted(
+        # Per-run files of a campaign that may be under way: those there are reported, the rest named
+        # in a warning (as the per-run figures do); every other results file must be there.
+        runs=results_inputs(sorted(REPORT_RUNS), partial=True),
+        results=results_inputs(sorted((
             {path for paths in FIGURE_INPUTS.values() for path in paths}
             | {rules.corpus.output.results, rules.quality_table.output.json, rules.pattern_tables.output.json}
             | set(REPORT_EXTRA)
-        )),
+        ) - REPORT_RUNS)),
         figures=[f for f in FIGURES if f.endswith(".png")],
     output:
         REPORT,
