@@ -14,7 +14,7 @@ REPORT = "docs/RESULTS.md" if PROFILE == "gpu" else f"docs/RESULTS-{PROFILE}.md"
 # results/<stage>/<profile>/, and a predecessor kept in history/ is not one of them.
 REPORT_EXTRA = sorted(p for pattern in ("*.json", "*.json.gz") for p in glob.glob(f"results/*/{PROFILE}/{pattern}"))
 
-REPORT_RUNS = {path for name in PER_RUN_FIGURES for path in FIGURE_INPUTS[name]}
+REPORT_RUNS = {path for name in PER_RUN_FIGURES if name in FIGURE_INPUTS for path in FIGURE_INPUTS[name]}
 
 
 rule report:
