@@ -69,6 +69,7 @@ from adahop.linear import strategy_fixes
 from adahop.harness.model import REFERENCE_VOCAB, export_hf
 from adahop.harness.provenance import check_replaceable, write_results
 from adahop.harness.train import (
+    COMPILE_MODES,
     FLOAT8_PEERS,
     RandomTokenBatches,
     TrainConfig,
@@ -134,7 +135,7 @@ SECTION_KEYS = ("compile_recipes",)
 
 # Command-line flags that override TrainConfig fields of the same name.
 OVERRIDES = ("model", "recipe", "seed", "steps", "batch_size", "grad_accum", "seq_len", "lr", "warmup_steps",
-             "eval_interval", "eval_batches", "checkpoint_interval", "max_tokens", "compile", "precision", "fsdp")
+             "eval_interval", "eval_batches", "checkpoint_interval", "max_tokens", "compile", "compile_mode", "precision", "fsdp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int)
     p.add_argument("--precision", choices=("auto", "bf16", "fp32"))
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--compile-mode", choices=COMPILE_MODES,
+                   help="torch.compile mode with --compile (reduce-overhead: CUDA graphs; default: the profile's)")
     p.add_argument("--fsdp", action=argparse.BooleanOptionalAction, default=None,
                    help="several ranks: FSDP2 (fully_shard per block, then the root) in place of DDP")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda when there is a GPU")
@@ -357,6 +360,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             "batch_size": cfg.batch_size,
             "seq_len": cfg.seq_len,
             "compile": cfg.compile,
+            "compile_mode": cfg.compile_mode if cfg.compile else None,
             "timed_steps": len(history),
             "step_time_s": seconds / len(history),
             "tokens_per_s": tps,

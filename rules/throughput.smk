@@ -21,7 +21,7 @@ if _several:
 # The script takes the pretrain section's settings as its defaults (precision, recipe_overrides,
 # optimizer). Those a throughput run sets itself (the run's keys; no eval, checkpoints or token
 # limit) are left out of the params, so that changing the training runs does not rerun these jobs.
-THROUGHPUT_SETS = ("steps", "batch_size", "seq_len", "compile", "fsdp", "max_tokens", "eval_interval",
+THROUGHPUT_SETS = ("steps", "batch_size", "seq_len", "compile", "compile_mode", "fsdp", "max_tokens", "eval_interval",
                    "eval_batches", "checkpoint_interval", "keep_checkpoints", "log_interval")
 THROUGHPUT_TRAIN_SETTINGS = {k: v for k, v in TRAIN_SETTINGS.items() if k not in THROUGHPUT_SETS}
 # NVLink multicast stays off for a job over several GPUs (adahop.harness.train.MULTI_GPU_ENV says why).
@@ -38,6 +38,7 @@ THROUGHPUT_ARGS = {
     name: " ".join([
         f"--throughput-only --model {run['model']} --recipe {','.join(run['recipes'])}",
         "--compile" if run["compile"] else "--no-compile",
+        *([f"--compile-mode {run['compile_mode']}"] if run.get("compile_mode") else []),
         f"--batch-size {run['batch_size']} --seq-len {run['seq_len']}",
         f"--steps {run['steps']} --untimed-steps {run['untimed_steps']}",
         f"--vocab-size {config['corpus']['vocab_size']}",

@@ -87,7 +87,12 @@ MULTI_GPU_ENV: dict[str, str] = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABL
 
 # Keys a resumed run may change without changing its loss curve.
 RESUMABLE_CHANGES = frozenset({"eval_interval", "eval_batches", "checkpoint_interval", "keep_checkpoints",
-                               "log_interval", "compile"})
+                               "log_interval", "compile", "compile_mode"})
+
+# torch.compile modes a run may ask for; the reduce-overhead family records the compiled forward and
+# backward as CUDA graphs (one replay instead of a launch per kernel: for host-bound steps).
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 @dataclasses.dataclass
@@ -130,6 +135,7 @@ class TrainConfig:
     log_interval: int = 1
     precision: str = "auto"
     compile: bool = False
+    compile_mode: str = "default"
     fsdp: bool = False
     recipe_overrides: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -140,6 +146,8 @@ class TrainConfig:
         for name in ("warmup_steps", "eval_interval", "eval_batches", "checkpoint_interval"):
             if getattr(self, name) < 0:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
+        if self.compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -300,7 +308,7 @@ def check_float8_device(peer: str, device: torch.device) -> None:
                              f"or newer; {torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}")
 
 
-def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, compile_blocks: bool) -> Llama:
+def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, compile_mode: str | None) -> Llama:
     """FSDP2 in place: ``fully_shard`` on every decoder block, then on the root (embedding, final
     norm and the LM head tied to it), over a 1-D mesh of ``world_size`` ranks. Returns ``model``.
 
@@ -309,7 +317,7 @@ def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, 
     the optimizer steps in fp32 on the fp32 shards); the trainer's autocast stays on, so the ops it
     keeps in fp32 still run in fp32. Unlike DDP's fp32 weights under autocast, the activations
     between blocks are then bf16 (the gathered embedding is), as in other FSDP2 trainers. Without
-    ``bf16`` everything is fp32. ``compile_blocks``: each block's ``forward`` ``torch.compile``-d (FSDP2's
+    ``bf16`` everything is fp32. ``compile_mode``: each block's ``forward`` ``torch.compile``-d in that mode (FSDP2's
     hooks stay outside the compiled graphs; module names and checkpoints are unchanged).
 
     Equivalent to DDP over the same global batch up to the bf16 rounding of the gathered weights
@@ -321,9 +329,9 @@ def shard_fsdp(model: Llama, device: torch.device, world_size: int, bf16: bool, 
     mesh = init_device_mesh(device.type, (world_size,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.model.layers:
-        if compile_blocks:
+        if compile_mode is not None:
             # The block's forward, not its call: FSDP2's gather/reshard hooks run around it, eagerly.
-            block.forward = torch.compile(block.forward)
+            block.forward = torch.compile(block.forward, mode=compile_mode)
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
@@ -447,12 +455,14 @@ class Trainer:
             self.recipe = adahop.get_recipe(cfg.recipe, **{"seed": cfg.seed, **cfg.recipe_overrides})
             self.model = adahop.convert(model, self.recipe)
         self.fsdp = cfg.fsdp
+        self.cudagraphs = cfg.compile and cfg.compile_mode in CUDAGRAPH_MODES and self.device.type == "cuda"
         if self.fsdp:
-            self.model = shard_fsdp(self.model, self.device, self.dist.world_size, use_bf16, cfg.compile)
+            self.model = shard_fsdp(self.model, self.device, self.dist.world_size, use_bf16,
+                                    cfg.compile_mode if cfg.compile else None)
             self.runner: nn.Module = self.model
             self.ddp: nn.Module = self.model
         else:
-            self.runner = torch.compile(self.model) if cfg.compile else self.model
+            self.runner = torch.compile(self.model, mode=cfg.compile_mode) if cfg.compile else self.model
             self.ddp = self.runner
             if self.dist.world_size > 1:
                 self.ddp = nn.parallel.DistributedDataParallel(
@@ -680,6 +690,9 @@ class Trainer:
                 self.model.set_requires_gradient_sync(last)
             elif self.dist.world_size > 1 and not last:
                 sync = self.ddp.no_sync()
+            if self.cudagraphs:
+                # A new step: the graphs' previous outputs (last micro-batch's loss) are no longer read.
+                torch.compiler.cudagraph_mark_step_begin()
             with sync:
                 with self.autocast():
                     _, loss = self.ddp(x, y)
