@@ -9,6 +9,7 @@ without paying for C++ code generation; one test compiles through Inductor itsel
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import pytest
@@ -169,3 +170,46 @@ def test_fixed_model_compiles_under_autocast():
             opt.step()
             opt.zero_grad(set_to_none=True)
             assert torch.isfinite(loss)
+
+
+def test_model_compiled_before_calibration_runs_as_one_graph_once_fixed():
+    """As a trainer compiles: once, before calibration. Calibrating layers are graph breaks; after
+    the fix every layer runs inside one compiled graph, none eagerly, with no reset by the caller.
+    Two blocks (14 layers, past Dynamo's recompile limit of 8 frames per code object)."""
+    from adahop.linear.function import QuantLinearFunction
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.from_name("tiny", vocab_size=VOCAB, n_layers=2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    adahop.convert(model, "adahop", optimizer=opt, calibration_steps=2)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    compiled = torch.compile(model, backend=backend)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        train(compiled, model, opt, 3)  # 2 calibrating steps, then the first fixed one (retraced)
+    layers = [layer for _, layer in adahop.linear.quant_layers(model)]
+    assert len(layers) == 14 and all(layer.phase == "fixed" for layer in layers)
+    eager_calls = []
+    code = QuantLinearFunction.forward.__code__
+
+    def profiler(frame, event, arg):  # Python-level calls only: a compiled graph runs none of these
+        if event == "call" and frame.f_code is code:
+            eager_calls.append(1)
+
+    before = len(graphs)
+    sys.setprofile(profiler)
+    try:
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            train(compiled, model, opt, 2, first=3)
+    finally:
+        sys.setprofile(None)
+    assert not eager_calls, f"{len(eager_calls)} layer calls ran eagerly after the fix"
+    assert len(graphs) == before  # nothing new compiled in the fixed steps
+    applies = sum(1 for n in graphs[-1].graph.nodes if n.op == "call_function" and "autograd_function_apply" in str(n.target))
+    assert applies == len(layers), f"the last graph holds {applies} of {len(layers)} layers"

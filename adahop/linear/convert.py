@@ -151,8 +151,23 @@ def _step_with(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
 
 
 def _step(model: nn.Module) -> None:
-    for _, layer in quant_layers(model):
+    layers = [layer for _, layer in quant_layers(model)]
+    before = [layer.phase == "fixed" for layer in layers]
+    for layer in layers:
         layer.on_optimizer_step()
+    _retrace_if_fixed_changed(layers, before)
+
+
+def _retrace_if_fixed_changed(layers: list[QuantLinear], before: list[bool]) -> None:
+    """Reset torch.compile's caches when a layer was fixed or starts recalibrating.
+
+    A layer that is not fixed is a graph break in a compiled model, and the code Dynamo compiled
+    around it keeps calling it eagerly after it is fixed (no guard of the surrounding graphs reads
+    the layer's phase). The reset makes the next call retrace the model as one graph with the
+    fixed layers inlined: one recompile of what this process compiled, once per (re)fix.
+    """
+    if any((layer.phase == "fixed") != was for layer, was in zip(layers, before)):
+        torch.compiler.reset()
 
 
 def advance_draws(model: nn.Module) -> None:
@@ -188,8 +203,10 @@ def fix_strategies(model: nn.Module, strategies: Mapping[str, Mapping[str, Strat
                          f"unknown {unknown[:5]}{' ...' if len(unknown) > 5 else ''} ({len(unknown)})")
     for name, layer in layers.items():  # every entry checked before any layer changes
         layer.checked_map(strategies[name])
+    before = [layer.phase == "fixed" for layer in layers.values()]
     for name, layer in layers.items():
         layer.fix(strategies[name])
+    _retrace_if_fixed_changed(list(layers.values()), before)
     return model
 
 

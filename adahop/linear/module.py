@@ -197,12 +197,26 @@ class QuantLinear(nn.Linear):
             plan = self._plans[key] = self.build_plan(tokens, dtype, device, need_backward)
         return plan
 
+    @property
+    def phase(self) -> str:
+        """``"calibrating"``, ``"fixed"`` or ``"recalibrating"``."""
+        return self._phase
+
+    @phase.setter
+    def phase(self, value: str) -> None:
+        self._phase = value
+        # A layer that is not fixed runs eagerly: its instance's forward is the compiler-disabled
+        # one, which a compiled model calls as an opaque function (a graph break at the call). Were
+        # the branch inside forward, Dynamo would compile forward as a frame of its own, once per
+        # layer and shape, and past the recompile limit leave every layer eager after the fix too.
+        # Fixing removes the instance attribute, so the caller's guard on it fails and it retraces
+        # with the layer inlined.
+        if value == "fixed":
+            self.__dict__.pop("forward", None)
+        else:
+            self.__dict__["forward"] = self._eager_forward
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Calibration first, reading nothing layer-specific: under torch.compile this prefix is one
-        # compiled frame for every calibrating layer (its guards hold for all of them), and the
-        # calibrating call itself runs eagerly.
-        if self.phase != "fixed" and self.training and torch.is_grad_enabled():
-            return self._eager_forward(x)
         return self._forward(x)
 
     @torch.compiler.disable
