@@ -10,9 +10,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections import Counter, defaultdict
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 from torch import nn
@@ -81,6 +82,10 @@ def convert(
     A bare ``nn.Linear`` is converted and returned.
     optimizer: when given, a step post-hook calls :func:`on_optimizer_step` after each of its
         steps (do not call it yourself then).
+    torch.compile: compile the converted model as usual, before or after calibration. Layers that
+        calibrate run eagerly (graph breaks); the step that fixes their strategies (or starts a
+        recalibration) calls ``torch.compiler.reset()``, so the next call retraces the model as one
+        graph. That reset drops everything this process compiled, other models included.
     share_input: groups of child names of one parent that read the same input (default: q/k/v and
         gate/up): they quantize it once under ``torch.compile``, and save one copy for backward.
     Converting a model already converted under another recipe is an error; a model with nothing
@@ -152,22 +157,26 @@ def _step_with(optimizer: torch.optim.Optimizer, model: nn.Module) -> None:
 
 def _step(model: nn.Module) -> None:
     layers = [layer for _, layer in quant_layers(model)]
-    before = [layer.phase == "fixed" for layer in layers]
-    for layer in layers:
-        layer.on_optimizer_step()
-    _retrace_if_fixed_changed(layers, before)
+    with _retrace_if_fixed_changes(layers):
+        for layer in layers:
+            layer.on_optimizer_step()
 
 
-def _retrace_if_fixed_changed(layers: list[QuantLinear], before: list[bool]) -> None:
-    """Reset torch.compile's caches when a layer was fixed or starts recalibrating.
+@contextlib.contextmanager
+def _retrace_if_fixed_changes(layers: list[QuantLinear]) -> Iterator[None]:
+    """Reset torch.compile's caches when, in the block, a layer was fixed or starts recalibrating.
 
     A layer that is not fixed is a graph break in a compiled model, and the code Dynamo compiled
     around it keeps calling it eagerly after it is fixed (no guard of the surrounding graphs reads
     the layer's phase). The reset makes the next call retrace the model as one graph with the
     fixed layers inlined: one recompile of what this process compiled, once per (re)fix.
     """
-    if any((layer.phase == "fixed") != was for layer, was in zip(layers, before)):
-        torch.compiler.reset()
+    before = [layer.phase == "fixed" for layer in layers]
+    try:
+        yield
+    finally:  # a fix that failed half-way has still changed some layers
+        if any((layer.phase == "fixed") != was for layer, was in zip(layers, before)):
+            torch.compiler.reset()
 
 
 def advance_draws(model: nn.Module) -> None:
@@ -179,7 +188,8 @@ def advance_draws(model: nn.Module) -> None:
 
 def on_optimizer_step(model: nn.Module) -> None:
     """Call after every optimizer step (unless ``convert`` got the optimizer): advances the
-    calibration schedule of every QuantLinear."""
+    calibration schedule of every QuantLinear (resetting torch.compile's caches on the step that
+    fixes strategies: see :func:`convert`)."""
     _step(model)
 
 
@@ -203,10 +213,9 @@ def fix_strategies(model: nn.Module, strategies: Mapping[str, Mapping[str, Strat
                          f"unknown {unknown[:5]}{' ...' if len(unknown) > 5 else ''} ({len(unknown)})")
     for name, layer in layers.items():  # every entry checked before any layer changes
         layer.checked_map(strategies[name])
-    before = [layer.phase == "fixed" for layer in layers.values()]
-    for name, layer in layers.items():
-        layer.fix(strategies[name])
-    _retrace_if_fixed_changed(list(layers.values()), before)
+    with _retrace_if_fixed_changes(list(layers.values())):
+        for name, layer in layers.items():
+            layer.fix(strategies[name])
     return model
 
 
