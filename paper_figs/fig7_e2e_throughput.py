@@ -4,7 +4,8 @@ Reads results/throughput/<profile>/<run>.json (experiments/pretrain.py --through
 per run of the profile's ``throughput`` sections). Each record is one recipe measured in that run's
 process: ``model``, ``world_size``, ``batch_size`` (per rank), ``seq_len``, ``compile``,
 ``timed_steps``, ``tokens_per_s`` (all ranks), ``mfu`` (null on a CPU: no peak FLOP/s) and
-``peak_mem_gib`` (CUDA: ``max_memory_allocated`` of rank 0; CPU: the process's peak resident set);
+``peak_mem_gib`` (CUDA: ``max_memory_allocated`` of rank 0, ``max_memory_reserved`` under CUDA graphs,
+``compile_mode`` reduce-overhead: the graphs' pools; CPU: the process's peak resident set);
 where the file has them, ``peer`` (``torchao`` for torchao's float8 training, the peers of adahop's
 recipes), ``fsdp`` (FSDP2 instead of DDP) and ``gpu_busy`` (its ``busy_fraction``: the share of
 wall time the GPU had work; files without these fields draw as adahop recipes, DDP, and "n/a").

@@ -344,10 +344,14 @@ def peak_bf16_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
 
 
-def peak_memory_gib(device: torch.device) -> float:
-    """CUDA: peak bytes allocated by tensors. CPU: the process's peak resident set size."""
+def peak_memory_gib(device: torch.device, cudagraphs: bool = False) -> float:
+    """CUDA: peak bytes allocated by tensors, or with ``cudagraphs`` peak bytes reserved (a CUDA
+    graph's replay allocates nothing: its working set is its memory pool, reserved for as long as
+    the graph lives; count it after ``torch.cuda.empty_cache()``). CPU: the process's peak resident
+    set size."""
     if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
+        peak = torch.cuda.max_memory_reserved if cudagraphs else torch.cuda.max_memory_allocated
+        return peak(device) / 2**30
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
 
 
@@ -768,6 +772,8 @@ class Trainer:
 
             bar = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True)
         if self.device.type == "cuda":
+            if self.cudagraphs:  # the cache held outside the graphs' pools is not this run's peak
+                torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
         # Throughput clock: wall time between log lines minus the time spent evaluating and saving.
         t_last, steps_since, paused = time.perf_counter(), 0, 0.0
@@ -789,7 +795,7 @@ class Trainer:
                         "tokens_per_s": tps,
                         "mfu": (self.flops_per_token * tps / (self.peak_flops * self.dist.world_size)
                                 if self.peak_flops else None),
-                        "peak_mem_gib": peak_memory_gib(self.device),
+                        "peak_mem_gib": peak_memory_gib(self.device, self.cudagraphs),
                     }
                     if bar is not None:
                         bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tps:,.0f}")
