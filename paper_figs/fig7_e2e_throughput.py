@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 import common
+from adahop.harness.train import CUDAGRAPH_MODES
 
 # torchao's float8 peers: their own colours (the registry's palette is adahop's recipes') and hatching.
 PEER_COLOURS = {"float8-tensorwise": (0.35, 0.45, 0.75), "float8-rowwise": (0.15, 0.25, 0.55)}
@@ -84,8 +85,10 @@ def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
         fsdp = first.get("fsdp")  # absent (NaN) in a file without the field: DDP
         where += ", FSDP2" if isinstance(fsdp, (bool, np.bool_)) and fsdp else ", DDP"
     untimed = (prov.get("config") or {}).get("untimed_steps", "?")
+    mode = first.get("compile_mode")  # absent (NaN) in a file without the field: the default mode
+    compiled = "compiled, CUDA graphs" if isinstance(mode, str) and mode in CUDAGRAPH_MODES else "compiled"
     return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit})\n"
-            f"{first['model']}, {'compiled' if first['compile'] else 'eager'}, {where}, "
+            f"{first['model']}, {compiled if first['compile'] else 'eager'}, {where}, "
             f"{int(first['batch_size'])}×{int(first['seq_len'])} tokens/rank, "
             f"{int(first['timed_steps'])} steps timed after {untimed}")
 
@@ -161,12 +164,12 @@ def main(argv: list[str] | None = None) -> None:
     bars(ax, rows, lambda r: None if busy(r.record) is None else 100 * busy(r.record), lambda r, v: f"{v:.0f}%",
          "n/a (not measured: CPU, or a file without it)")
     ax.set_title("GPU busy share of wall time")
-    ax.set_xlabel("% of wall time with GPU work (profiled steps)")
+    ax.set_xlabel("% of wall time, profiled steps")
 
     ax = axes[3]
     bars(ax, rows, lambda r: r.record.peak_mem_gib, lambda r, v: f"{v:.3g}", "")
     ax.set_title("peak memory of the timed steps")
-    ax.set_xlabel("GiB (CUDA: allocated, rank 0; CPU: process peak RSS)")
+    ax.set_xlabel("GiB (rank 0 allocated; CUDA graphs: reserved)")
 
     axes[0].set_yticks([r.y for r in rows],
                        [f"{r.label} (torchao)" if r.record is not None and is_peer(r.record) else r.label for r in rows])
