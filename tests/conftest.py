@@ -16,6 +16,14 @@ import torch
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 # Tells tests/kernels/conftest.py that the reference default below was set here, not by the user.
 REFERENCE_DEFAULT_FLAG = "ADAHOP_TESTS_SET_REFERENCE_BACKEND"
+# Under pytest-xdist (-n auto: one worker process per core) each worker computes on one thread:
+# torch's default of one thread per core would run cores² threads on the cores, and the suite's
+# small reference-path ops lose more to that contention than threads gain them (the suite takes
+# half the time on 2 cores). Subprocesses (torchrun, the kernel compiler) inherit the setting.
+# An OMP_NUM_THREADS set by the caller wins.
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 if not ON_GPU:
     os.environ["TRITON_INTERPRET"] = "1"
     if "ADAHOP_BACKEND" not in os.environ:
