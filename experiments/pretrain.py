@@ -22,7 +22,8 @@ of the profile's ``throughput`` section this way)::
 
 runs ``--untimed-steps`` (default 40: compilation, warm-up and a recipe's 30 calibration steps)
 and then ``--steps`` timed steps for each recipe in turn, in the same process, so every recipe is
-measured beside its peers; tokens/s, MFU and peak memory cover the timed steps only. Recipes are
+measured beside its peers; tokens/s, MFU and peak memory cover the timed steps only (``untimed_s``
+says what building the model and the untimed steps took: the compile cost). Recipes are
 adahop's and torchao's float8 training (``float8-tensorwise``, ``float8-rowwise``: records say
 ``peer: torchao``, the provenance gives torchao's version; without torchao the run stops before
 measuring anything).
@@ -339,8 +340,10 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + busy + extra, eval_interval=0,
                                   checkpoint_interval=0, log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
+        t_untimed = time.perf_counter()
         trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
         trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
+        untimed_s = time.perf_counter() - t_untimed
         history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
         gpu_busy = measure_busy(trainer, busy)
         if args.profile and info.is_main:
@@ -361,6 +364,8 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             "seq_len": cfg.seq_len,
             "compile": cfg.compile,
             "compile_mode": cfg.compile_mode if cfg.compile else None,
+            # wall time of building the model and its untimed steps (compilation, warm-up, calibration)
+            "untimed_s": untimed_s,
             "timed_steps": len(history),
             "step_time_s": seconds / len(history),
             "tokens_per_s": tps,

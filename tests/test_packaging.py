@@ -23,13 +23,23 @@ def test_kernels_folder_is_not_a_regular_package():
 
 
 def test_transformers_does_not_mistake_our_kernels_folder_for_the_pypi_package():
+    """transformers sees the PyPI ``kernels`` exactly when it is installed (some versions of the
+    stack pull it in), never our folder in its place."""
     out = run_from_root(
+        "import importlib.metadata as md, importlib.util\n"
         "from transformers.utils import import_utils as iu\n"
         "import adahop, adahop_kernels\n"
-        "print(iu.is_kernels_available(), adahop_kernels.__name__)"
+        "try:\n    md.version('kernels'); installed = True\n"
+        "except md.PackageNotFoundError:\n    installed = False\n"
+        "spec = importlib.util.find_spec('kernels')\n"
+        "ours = spec is not None and spec.origin in (None, 'namespace')  # our folder: a namespace package\n"
+        "print(installed, iu.is_kernels_available(), ours, adahop_kernels.__name__)"
     )
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["False", "adahop_kernels"]
+    installed, available, ours, name = out.stdout.split()
+    assert available == installed, f"transformers says kernels available={available}, installed={installed}"
+    assert ours == str(installed == "False"), "with the PyPI kernels installed, `import kernels` must find it"
+    assert name == "adahop_kernels"
 
 
 def test_an_installed_kernels_package_wins_over_our_folder(tmp_path):

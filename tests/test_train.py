@@ -368,6 +368,7 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
         script.main([*args, "--recipe", "bf16,mxfp4"])
     (record,) = read_results(results)["records"]
     assert record["recipe"] == "bf16" and record["timed_steps"] == 3 and record["tokens_per_s"] > 0
+    assert record["untimed_s"] > 0
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
     assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
     assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()
