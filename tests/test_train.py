@@ -19,6 +19,8 @@ import adahop
 from adahop.harness.model import export_hf, load_hf
 from adahop.harness.provenance import REPO_ROOT, ResultsConflict, read_results
 from adahop.harness.train import (
+    COMPILE_MODES,
+    CUDAGRAPH_MODES,
     DistInfo,
     NonFiniteLossError,
     RandomTokenBatches,
@@ -311,6 +313,30 @@ def test_config_rejects_unknown_keys_and_bad_values():
         TrainConfig(batch_size=0)
     with pytest.raises(ValueError, match="precision"):
         TrainConfig(precision="fp8")
+    with pytest.raises(ValueError, match="compile_mode must be one of"):
+        TrainConfig(compile_mode="fastest")
+
+
+def test_compile_modes_are_the_profile_schemas_and_cuda_graphs_only_on_cuda():
+    schema = yaml.safe_load((REPO_ROOT / "config" / "schema.yaml").read_text())
+    enums = [node["compile_mode"]["enum"] for node in _nodes_with(schema, "compile_mode")]
+    assert len(enums) == 2 and all(tuple(e) == COMPILE_MODES for e in enums)  # pretrain section, throughput runs
+    assert set(CUDAGRAPH_MODES) <= set(COMPILE_MODES)
+    cfg = TrainConfig(**{**SMALL, "compile": True, "compile_mode": "reduce-overhead", "eval_interval": 0})
+    trainer = Trainer(cfg, 512, RandomTokenBatches(512, cfg.seq_len, cfg.batch_size), device="cpu", progress=False)
+    assert not trainer.cudagraphs  # CUDA graphs need CUDA: on a CPU the mode compiles without them
+
+
+def _nodes_with(node, key):
+    """Every mapping in a parsed YAML tree that holds ``key`` as a mapping."""
+    if isinstance(node, dict):
+        if isinstance(node.get(key), dict):
+            yield node
+        for v in node.values():
+            yield from _nodes_with(v, key)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _nodes_with(v, key)
 
 
 def load_script():
@@ -368,7 +394,7 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
         script.main([*args, "--recipe", "bf16,mxfp4"])
     (record,) = read_results(results)["records"]
     assert record["recipe"] == "bf16" and record["timed_steps"] == 3 and record["tokens_per_s"] > 0
-    assert record["untimed_s"] > 0
+    assert record["untimed_s"] > 0 and record["compile_mode"] is None  # not compiled
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
     assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
     assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()

@@ -136,6 +136,9 @@ def test_throughput_runs_call_torchrun_only_for_several_processes(workflow, name
                     f"--seq-len {run['seq_len']}", "--compile" if run["compile"] else "--no-compile",
                     f"--vocab-size {profile(name)['corpus']['vocab_size']}", "--no-progress"):
             assert f"{arg} " in command, (arg, command)
+        # A run's compile_mode reaches the script; a run without one takes the script's default.
+        mode = run.get("compile_mode")
+        assert (f"--compile-mode {mode} " in command) if mode else ("--compile-mode" not in command), command
 
 
 def test_multi_gpu_throughput_runs_have_their_own_target_and_keep_nvlink_multicast_off(workflow):
