@@ -315,6 +315,9 @@ def test_config_rejects_unknown_keys_and_bad_values():
         TrainConfig(precision="fp8")
     with pytest.raises(ValueError, match="compile_mode must be one of"):
         TrainConfig(compile_mode="fastest")
+    with pytest.raises(ValueError, match="CUDA-graph replays overwrite the gradients being accumulated"):
+        TrainConfig(compile=True, compile_mode="reduce-overhead", grad_accum=2)
+    TrainConfig(compile=True, compile_mode="max-autotune-no-cudagraphs", grad_accum=2)  # no graphs: allowed
 
 
 def test_compile_modes_are_the_profile_schemas_and_cuda_graphs_only_on_cuda():

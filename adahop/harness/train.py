@@ -148,6 +148,13 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
+        if self.compile and self.compile_mode in CUDAGRAPH_MODES and self.grad_accum > 1:
+            # The first micro-batch's gradients are the backward graph's output memory, which the next
+            # replay overwrites: the accumulated gradients come out wrong without an error
+            # (pytorch/pytorch#96693, #169545).
+            raise ValueError(f"compile_mode={self.compile_mode!r} (CUDA graphs) with grad_accum={self.grad_accum}: "
+                             "CUDA-graph replays overwrite the gradients being accumulated; use grad_accum=1 "
+                             "(a larger batch_size) or a compile mode without CUDA graphs")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         if not 0 <= self.min_lr_ratio <= 1:
