@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 import common
-from adahop.harness.train import CUDAGRAPH_MODES
+from adahop.harness.train import compile_label
 
 # torchao's float8 peers: their own colours (the registry's palette is adahop's recipes') and hatching.
 PEER_COLOURS = {"float8-tensorwise": (0.35, 0.45, 0.75), "float8-rowwise": (0.15, 0.25, 0.55)}
@@ -85,10 +85,8 @@ def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
         fsdp = first.get("fsdp")  # absent (NaN) in a file without the field: DDP
         where += ", FSDP2" if isinstance(fsdp, (bool, np.bool_)) and fsdp else ", DDP"
     untimed = (prov.get("config") or {}).get("untimed_steps", "?")
-    mode = first.get("compile_mode")  # absent (NaN) in a file without the field: the default mode
-    compiled = "compiled, CUDA graphs" if isinstance(mode, str) and mode in CUDAGRAPH_MODES else "compiled"
     return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit})\n"
-            f"{first['model']}, {compiled if first['compile'] else 'eager'}, {where}, "
+            f"{first['model']}, {compile_label(first['compile'], first.get('compile_mode'))}, {where}, "
             f"{int(first['batch_size'])}×{int(first['seq_len'])} tokens/rank, "
             f"{int(first['timed_steps'])} steps timed after {untimed}")
 

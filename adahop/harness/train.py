@@ -95,6 +95,14 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDAGRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
+def compile_label(compile: bool, compile_mode: Any) -> str:
+    """How a run executes, for tables and figures: ``eager``, ``compiled`` or ``compiled, CUDA
+    graphs`` (``compile_mode`` may be missing from older records: None, or NaN from pandas)."""
+    if not compile:
+        return "eager"
+    return "compiled, CUDA graphs" if isinstance(compile_mode, str) and compile_mode in CUDAGRAPH_MODES else "compiled"
+
+
 @dataclasses.dataclass
 class TrainConfig:
     """Everything that defines a run; checkpoints and results record it.
