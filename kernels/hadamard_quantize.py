@@ -35,6 +35,15 @@ each orientation as MX blocks ``(blocks, 32)`` and for each:
    rows), so it runs the rowwise re-encoding (:func:`adahop_kernels.fp8_reencode.fp8_reencode`)
    on the just-written codes and scales.
 
+Two launches. The rare paths (the pre-scaled redo of step 3, the code-by-code FP8 of step 5) are
+not compiled into the main launch: it runs the hot path on every tile and writes one int32 flag a
+tile, nonzero where the tile holds a block that needs them (also an input NaN/Inf, which the redo
+decides as the reference does). A second launch over the same grid, with both paths compiled in,
+returns at once from the unflagged tiles and redoes the flagged ones whole (the same values, the
+same draws: a function of position only), overwriting what the first wrote. Compiled together, the
+rare code set the register allocation of every tile: the layer's steps ran at the 255-register cap
+and spilled (sm_90 SASS, ``scripts/sass_count.py``).
+
 Why ``tl.dot`` and not a butterfly: the 32×32 product costs the tensor cores ~11% of their bf16
 rate at the copy bandwidth and no issue slots worth counting, whereas a five-stage butterfly
 needs five adds a value plus cross-lane exchanges (a block spans four lanes in Triton's layouts)
