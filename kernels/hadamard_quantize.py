@@ -35,15 +35,6 @@ each orientation as MX blocks ``(blocks, 32)`` and for each:
    rows), so it runs the rowwise re-encoding (:func:`adahop_kernels.fp8_reencode.fp8_reencode`)
    on the just-written codes and scales.
 
-Two launches. The rare paths (the pre-scaled redo of step 3, the code-by-code FP8 of step 5) are
-not compiled into the main launch: it runs the hot path on every tile and writes one int32 flag a
-tile, nonzero where the tile holds a block that needs them (also an input NaN/Inf, which the redo
-decides as the reference does). A second launch over the same grid, with both paths compiled in,
-returns at once from the unflagged tiles and redoes the flagged ones whole (the same values, the
-same draws: a function of position only), overwriting what the first wrote. Compiled together, the
-rare code set the register allocation of every tile: the layer's steps ran at the 255-register cap
-and spilled (sm_90 SASS, ``scripts/sass_count.py``).
-
 Why ``tl.dot`` and not a butterfly: the 32×32 product costs the tensor cores ~11% of their bf16
 rate at the copy bandwidth and no issue slots worth counting, whereas a five-stage butterfly
 needs five adds a value plus cross-lane exchanges (a block spans four lanes in Triton's layouts)
@@ -82,7 +73,6 @@ file in ``results/microbench/gpu/``).
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
@@ -166,15 +156,10 @@ def _quantize_store(
     codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
     BR: tl.constexpr, BC: tl.constexpr, HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     SR: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, FP8: tl.constexpr, AMAX: tl.constexpr,
-    RARE: tl.constexpr,
 ):
     """Quantize tile ``t (BR, BC)`` at (row0, col0) of an ``(n_rows, n_cols)`` operand along its columns;
     store what the flags ask for. The operand is ``x_ptr`` with strides ``(stride_r, stride_c)``, from
-    which the rare overflow path reloads the tile (so that ``t`` need not stay live in registers).
-
-    ``RARE``: compile the two rare paths in (the fix-up launch). Without them the tile's outputs are
-    right unless the returned int32 is nonzero: the tile holds a block the rare paths must redo."""
-    need = tl.full([], 0, tl.int32)
+    which the rare overflow path reloads the tile (so that ``t`` need not stay live in registers)."""
     NB: tl.constexpr = BR * BC // 32
     SB: tl.constexpr = BC // 32  # MX blocks of a tile row
     b = tl.arange(0, NB)
@@ -204,10 +189,7 @@ def _quantize_store(
         # ~2^-118 and below, which cannot move a block of a group whose values reach 2^121. Other
         # groups get the same products in the same order again (bf16 as the one exact fp32 piece), so
         # the result is a function of the group alone, whatever the tile.
-        if not RARE:
-            if t.dtype != tl.float16:
-                need = tl.max(bad.to(tl.int32))
-        elif t.dtype != tl.float16:
+        if t.dtype != tl.float16:
             if tl.max(bad.to(tl.int32)) != 0:
                 G: tl.constexpr = HS // 32 if HS > 32 else 1  # MX blocks of a Hadamard group
                 unit_bad = tl.reshape(tl.broadcast_to(tl.max(tl.reshape(bad.to(tl.int32), (NB // G, G)), axis=1)[:, None],
@@ -299,9 +281,7 @@ def _quantize_store(
         # Byte-wise encoding holds where t >= 3; a nonzero block further below its group's R (a
         # group spanning > 11 binades) takes the code-by-code encoding.
         general = (t_off < 3) & (m_bits != 0) & ~bad
-        if not RARE:
-            need |= tl.max(general.to(tl.int32))
-        elif tl.max(general.to(tl.int32)) != 0:
+        if tl.max(general.to(tl.int32)) != 0:
             each = e4m3_bits_of_e2m1(tl.where((code & 7) == 0, 0, code), t_off[:, None])
             f8 = tl.where(general[:, None], pack_bytes(each, NB, 32), f8)
         tl.store(fp8_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 4) + cblk * 8)[:, None]
@@ -316,11 +296,10 @@ def _quantize_store(
             gr = row0 // 128 + tl.arange(0, BR // 128)
             tl.store(fp8_scale_ptr + gr[:, None] * (n_cols // 128) + g[None, :], exp2_int(r - 6),
                      mask=(gr < n_rows // 128)[:, None] & (g < n_cols // 128)[None, :])
-    return need
 
 
 @triton.jit
-def _quantize_tile(
+def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
     codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
     codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
@@ -328,11 +307,8 @@ def _quantize_tile(
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
     FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
-    HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, RARE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """This program's tile, both orientations as asked; nonzero where (without ``RARE``) the rare
-    paths must redo it."""
     m0 = tl.program_id(0) * BLOCK_M
     k0 = tl.program_id(1) * BLOCK_K
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -348,49 +324,13 @@ def _quantize_tile(
     else:
         seed = 0
         seed_t = 0
-    need = tl.full([], 0, tl.int32)
     if ALONG_K:
-        need |= _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr,
-                                amax_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS,
-                                SR, DOT_FP32, PACKED, FP8, AMAX, RARE)
+        _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
+                        h_ptr, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
     if ALONG_M:
-        need |= _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr,
-                                fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed_t, h_ptr, c_hi, c_lo, BLOCK_K, BLOCK_M,
-                                HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32, PACKED_T, FP8_T, AMAX_T, RARE)
-    return need
-
-
-@triton.jit
-def _hadamard_quantize_kernel(
-    x_ptr, stride_m, stride_k, M, K,
-    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
-    codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
-    seed_ptr, flag_ptr, h_ptr, c_hi, c_lo,
-    ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
-    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
-    FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
-    HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, FIXUP: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    # The main launch (FIXUP false) runs the hot path only and writes each tile's flag (every tile,
-    # so the flags need no reset); the fix-up launch, same grid, redoes the flagged tiles with the
-    # rare paths compiled in. Apart, the hot path keeps its own register allocation (see the
-    # module's docstring for the measured gain).
-    pid = tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)
-    if FIXUP:
-        if tl.load(flag_ptr + pid) != 0:
-            _quantize_tile(x_ptr, stride_m, stride_k, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr,
-                           signs_ptr, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
-                           seed_ptr, h_ptr, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
-                           HAS_SIGNS_T, PACKED, PACKED_T, FP8, FP8_T, AMAX, AMAX_T, HS, SR, DOT_FP32, True,
-                           BLOCK_M, BLOCK_K)
-    else:
-        need = _quantize_tile(x_ptr, stride_m, stride_k, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr,
-                              signs_ptr, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
-                              seed_ptr, h_ptr, c_hi, c_lo, ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS,
-                              HAS_SIGNS_T, PACKED, PACKED_T, FP8, FP8_T, AMAX, AMAX_T, HS, SR, DOT_FP32, False,
-                              BLOCK_M, BLOCK_K)
-        tl.store(flag_ptr + pid, need)
+        _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr,
+                        signs_t_ptr, seed_t, h_ptr, c_hi, c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR,
+                        DOT_FP32, PACKED_T, FP8_T, AMAX_T)
 
 
 def _tile_units(kw: dict) -> tuple[int, int]:
@@ -452,21 +392,6 @@ def _hadamard_pm1(size: int, device: torch.device) -> torch.Tensor:
     col = (size // 4) * ((d % 8) // 2) + 2 * (d // 8) + d % 2
     h = torch.round(hadamard_matrix(size, torch.float64) * size**0.5)
     return h[:, col].float().contiguous().to(device)
-
-
-def _grid(m: int, k: int, meta: dict) -> tuple[int, int]:
-    return triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"])
-
-
-def _flags(m: int, k: int, flags: dict, device: torch.device) -> torch.Tensor:
-    """The per-tile flags of the hot launch, for the most tiles any launch with ``flags`` can have
-    (the autotuner times several tilings into the same buffer)."""
-    if INTERPRETED:
-        unit_m, unit_k = _tile_units(flags)
-        tiles = math.prod(_grid(m, k, _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))))
-    else:
-        tiles = max(math.prod(_grid(m, k, c.kwargs)) for c in _configs_that_fit(_GPU_CONFIGS, {}, **flags))
-    return torch.empty((tiles,), dtype=torch.int32, device=device)
 
 
 def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
@@ -667,19 +592,17 @@ def quantize(
             codes_t_ptr=ptr(out_m, "codes"), scales_t_ptr=ptr(out_m, "scales"),
             fp8_t_ptr=ptr(out_m, "fp8", torch.uint8), fp8_scale_t_ptr=ptr(out_m, "fp8_scale"),
             amax_t_ptr=ptr(out_m, "amax", torch.int32), signs_t_ptr=signs_t if signs_t is not None else x,
-            seed_ptr=seed_t if seed_t is not None else x, flag_ptr=_flags(m, k, flags, x.device),
+            seed_ptr=seed_t if seed_t is not None else x,
             h_ptr=_hadamard_pm1(hadamard_size, x.device) if hadamard_size in HADAMARD_SIZES else x,
             c_hi=c_hi, c_lo=c_lo, **flags,
         )
         if INTERPRETED:
             unit_m, unit_k = _tile_units(flags)
-            launch = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
-            _hadamard_quantize_kernel[_grid(m, k, launch)](**args, FIXUP=False, **launch)
+            blocks = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
+            grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
+            _hadamard_quantize_kernel[grid](**args, **blocks)
         else:
-            _tuned_kernel[lambda meta: _grid(m, k, meta)](**args, FIXUP=False)
-            launch = _tuned_kernel.best_config.all_kwargs()
-        # The tiles the hot path flagged, redone with the rare paths (the others return at once).
-        _hadamard_quantize_kernel[_grid(m, k, launch)](**args, FIXUP=True, **launch)
+            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
     return _side_out(along_k, out_k), _side_out(along_m, out_m)
 
 

@@ -35,9 +35,8 @@ TARGET = GPUTarget("cuda", 90, 32)
 DIVISIBLE = ("stride_m", "M", "K")  # int arguments a launch sees as multiples of 16
 
 
-def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tmp/adahop_sass.cubin") -> tuple[float, int, int]:
-    """(warp-instructions per value, registers per thread, spill bytes per thread) of ``fn`` compiled
-    with ``args``.
+def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tmp/adahop_sass.cubin") -> tuple[float, int]:
+    """(warp-instructions per value, registers per thread) of ``fn`` compiled with ``args``.
 
     ``args``: name -> a type string (``"*bf16"``, ``"i32"``) or a constexpr value.
     """
@@ -58,20 +57,19 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
     n = sum(1 for line in sass.splitlines() if re.match(r"\s+/\*[0-9a-f]{4,}\*/", line))
     usage = subprocess.run([f"{BIN}/cuobjdump", "--dump-resource-usage", path], capture_output=True, text=True).stdout
     regs = re.search(r"REG:(\d+)", usage)
-    stack = re.search(r"STACK:(\d+)", usage)
-    return n * num_warps / values, int(regs.group(1)) if regs else -1, int(stack.group(1)) if stack else -1
+    return n * num_warps / values, int(regs.group(1)) if regs else -1
 
 
-def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flags) -> tuple[float, int, int]:
+def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flags) -> tuple[float, int]:
     constexprs = dict(ALONG_K=True, ALONG_M=False, HADAMARD=True, HADAMARD_T=False, HAS_SIGNS=False,
                       HAS_SIGNS_T=False, PACKED=True, PACKED_T=True, FP8=0, FP8_T=0, AMAX=False, AMAX_T=False,
-                      HS=32, SR=False, DOT_FP32=False, FIXUP=False, BLOCK_M=block_m, BLOCK_K=block_k)
+                      HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k)
     constexprs.update(flags)
     side = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "fp8_scale_ptr": "*fp32",
             "amax_ptr": "*i32", "signs_ptr": "*fp32"}
     args = {"x_ptr": dtype, "stride_m": "i32", "stride_k": 1, "M": "i32", "K": "i32", **side,
             **{k.replace("_ptr", "_t_ptr"): v for k, v in side.items()},
-            "seed_ptr": "*i64", "flag_ptr": "*i32", "h_ptr": "*fp32", "c_hi": "fp32", "c_lo": "fp32", **constexprs}
+            "seed_ptr": "*i64", "h_ptr": "*fp32", "c_hi": "fp32", "c_lo": "fp32", **constexprs}
     return sass_per_value(hq._hadamard_quantize_kernel, args, num_warps, block_m * block_k)
 
 
@@ -86,9 +84,6 @@ VARIANTS = {
     "along M, RNE, H32 (128x64)": dict(ALONG_K=False, ALONG_M=True, HADAMARD_T=True, block_m=128, block_k=64),
     "dual, RNE, H32 (128x64)": dict(ALONG_M=True, HADAMARD_T=True, block_m=128, block_k=64),
     # The layer's steps (tests/bench/test_bench_quantize.py): X in the forward, W, dY in the backward.
-    "dY: K seg128 + M seg128, SR (128x128, 16 warps)": dict(ALONG_M=True, HADAMARD_T=True, PACKED=False,
-                                                            PACKED_T=False, FP8=1, FP8_T=1, SR=True, block_m=128,
-                                                            block_k=128, num_warps=16),
     "X: K seg128 fp8 + M packed (128x128)": dict(ALONG_M=True, HADAMARD_T=True, PACKED=False, FP8=1,
                                                  block_m=128, block_k=128, num_warps=8),
     "W: K tile128 + M tile128 (128x128)": dict(ALONG_M=True, HADAMARD_T=True, PACKED=False, PACKED_T=False,
@@ -100,25 +95,22 @@ VARIANTS = {
 
 
 def main() -> None:
-    print("the hot launch (its instructions, registers, spills), then the fix-up launch's registers and spills")
     for name, kwargs in VARIANTS.items():
-        per_value, regs, spill = quantize_variant(**kwargs)
-        _, fix_regs, fix_spill = quantize_variant(**kwargs, FIXUP=True)
-        print(f"hadamard_quantize {name:40s} {per_value:.3f} warp-instr/value  {regs} regs  {spill} B spilled"
-              f"  | fix-up {fix_regs} regs  {fix_spill} B")
+        per_value, regs = quantize_variant(**kwargs)
+        print(f"hadamard_quantize {name:32s} {per_value:.3f} warp-instr/value  {regs} regs")
     for out in ("*bf16", "*fp16", "*fp32"):
         args = {"codes_ptr": "*u8", "scales_ptr": "*u8", "out_ptr": out, "n_rows": "i32", "K": "i32",
                 "BLOCK_R": 8, "BLOCK_K": 512}
-        per_value, regs, _ = sass_per_value(dq._dequantize_kernel, args, 4, 8 * 512)
+        per_value, regs = sass_per_value(dq._dequantize_kernel, args, 4, 8 * 512)
         print(f"dequantize -> {out[1:]:34s} {per_value:.3f} warp-instr/value  {regs} regs")
     # Budget at the copy rate: 1.56 B a value moved -> ~0.38 warp-instructions a value.
     args = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "row_scale_ptr": "*fp32", "M": "i32",
             "K": "i32", "BLOCK_M": 8, "BLOCK_K": 1024}
-    per_value, regs, _ = sass_per_value(fr._fp8_reencode_kernel, args, 4, 8 * 1024)
+    per_value, regs = sass_per_value(fr._fp8_reencode_kernel, args, 4, 8 * 1024)
     print(f"fp8_reencode (8x1024, both paths)       <= {per_value:.3f} warp-instr/value  {regs} regs")
     args = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "group_scale_ptr": "*fp32", "M": "i32",
             "K": "i32", "GROUP_M": 128, "BLOCK_M": 128, "BLOCK_K": 256}
-    per_value, regs, _ = sass_per_value(fr._fp8_group_kernel, args, 8, 128 * 256)
+    per_value, regs = sass_per_value(fr._fp8_group_kernel, args, 8, 128 * 256)
     print(f"fp8_reencode tile128 (128x256, both paths) <= {per_value:.3f} warp-instr/value  {regs} regs")
 
 
