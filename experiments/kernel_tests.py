@@ -19,6 +19,11 @@ the rest (its provenance ``config.skip_passed`` names them). A pass is taken at 
 made at (each file's provenance names it): after a kernel changes, run its tests again without
 ``--skip-passed``.
 
+``--configs``: the autotuned kernels launch with the first config that fits each variant
+(``first``, the default: one compile per variant instead of one per config, several times faster;
+``tests/kernels/test_kernel_configs.py`` runs every config against the reference), or autotune
+each launch as training does (``tuned``). The choice is in the provenance's ``config``.
+
 ``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
 finished: the file keeps them (not the one it stopped in, nor those after), its provenance says
 ``pytest_interrupted_after_s`` and pytest's exit code is 2. Give it a job's time limit less a margin,
@@ -40,6 +45,7 @@ from typing import Any
 
 import microbench  # experiments/ is on sys.path when this script runs
 from adahop.harness.provenance import device_description, read_results, write_results
+from adahop_kernels._common import KERNEL_CONFIG_ENV
 
 DEFAULT_PATHS = ["tests/kernels", "tests/test_formats.py"]
 # junit elements of a test that did not pass, worst first: a test with an error in its teardown
@@ -97,15 +103,15 @@ def passed_before(files: list[Path], device: dict[str, Any]) -> list[str]:
 
 
 def run_tests(paths: list[str], select: str | None, junit: Path, budget_s: float | None = None,
-              deselect: list[str] = ()) -> tuple[int, list[str], dict, bool]:
+              deselect: list[str] = (), configs: str = "first") -> tuple[int, list[str], dict, bool]:
     """pytest over ``paths`` with a junit report (:func:`microbench.run_pytest`), less the
-    ``deselect`` node ids."""
+    ``deselect`` node ids; ``configs``: the autotuned kernels' ``$ADAHOP_KERNEL_CONFIG``."""
     args = [*paths, "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     if select:
         args += ["-k", select]
     for node in deselect:
         args += ["--deselect", node]
-    return microbench.run_pytest("kernel_tests", args, interrupt_after_s=budget_s)
+    return microbench.run_pytest("kernel_tests", args, env={KERNEL_CONFIG_ENV: configs}, interrupt_after_s=budget_s)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,6 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("paths", nargs="*", default=DEFAULT_PATHS,
                    help=f"test files or folders, relative to the repo root (default: {' '.join(DEFAULT_PATHS)})")
     p.add_argument("--select", help="pytest -k expression")
+    p.add_argument("--configs", default="first", choices=["first", "tuned"],
+                   help="autotuned kernels: one config per variant (default; tests/kernels/test_kernel_configs.py "
+                        "runs every config), or each launch autotuned as in training (a compile per config)")
     p.add_argument("--out", type=Path, required=True, help="results file (e.g. results/kernel_tests/gpu/tests.json)")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another selection")
     p.add_argument("--budget-s", type=float, help="interrupt pytest after this many seconds, keeping the tests it finished")
@@ -131,7 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kernel_tests: leaving out {len(skip)} tests that passed in {', '.join(map(str, args.skip_passed))}")
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "junit.xml"
-        rc, cmd, gpu, interrupted = run_tests(args.paths, args.select, junit, args.budget_s, deselect=skip)
+        rc, cmd, gpu, interrupted = run_tests(args.paths, args.select, junit, args.budget_s, deselect=skip,
+                                              configs=args.configs)
         if not junit.exists():
             print(f"kernel_tests: pytest exited {rc} without a report; nothing written", file=sys.stderr)
             return rc or 1
@@ -139,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"kernel_tests: pytest exited {rc} and ran no test; nothing written", file=sys.stderr)
         return rc or 1
-    config = {"paths": args.paths, "select": args.select}
+    config = {"paths": args.paths, "select": args.select, "kernel_configs": args.configs}
     if args.skip_passed:
         config["skip_passed"] = {"files": [str(p) for p in args.skip_passed], "tests": len(skip)}
     write_results(args.out, records, config=config,

@@ -93,8 +93,8 @@ def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
     cmd = [sys.executable, "-m", "pytest", *args]
     print(f"{stage}:", " ".join(cmd), *(f"({k}={v})" for k, v in (env or {}).items()), flush=True)
     before = gpu_state()
-    # SIGINT back to its default in the child: a background job of a non-interactive shell (the device
-    # queue's) starts with it ignored, and pytest would then never see the interrupt.
+    # SIGINT back to its default in the child: a background job of a non-interactive shell (a batch
+    # scheduler's) starts with it ignored, and pytest would then never see the interrupt.
     proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     interrupted = False

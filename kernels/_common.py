@@ -15,6 +15,35 @@ import triton.language as tl
 from adahop.checks import check_float_matrix
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+# Which of an autotuned kernel's fitting configs a launch may use (read at each new autotune key).
+KERNEL_CONFIG_ENV = "ADAHOP_KERNEL_CONFIG"
+
+
+def kernel_config_choice() -> int | None:
+    """``$ADAHOP_KERNEL_CONFIG``: unset or ``tuned``, None (the autotuner times every config that
+    fits); ``first``, or an index ``n``, 0 or n: the n-th config that fits (modulo their count), with
+    no timing. One compile per kernel variant instead of one per config: the kernel tests on a GPU
+    use it, and a test of their own runs every config."""
+    value = os.environ.get(KERNEL_CONFIG_ENV, "tuned")
+    if value in ("", "tuned"):
+        return None
+    if value == "first":
+        return 0
+    if not value.isdigit():
+        raise ValueError(f"${KERNEL_CONFIG_ENV} must be 'tuned', 'first' or a config index, got {value!r}")
+    return int(value)
+
+
+def fitting_configs(fits=None):
+    """The autotuner's ``prune_configs_by``: the configs ``fits(config, launch kwargs)`` keeps (all
+    without ``fits``), narrowed to one by :func:`kernel_config_choice`."""
+
+    def early_config_prune(configs, nargs, **kwargs):
+        kept = [c for c in configs if fits is None or fits(c, kwargs)]
+        choice = kernel_config_choice()
+        return kept if choice is None or not kept else [kept[choice % len(kept)]]
+
+    return {"early_config_prune": early_config_prune}
 
 
 def check_device(t: torch.Tensor, name: str) -> None:

@@ -39,6 +39,7 @@ from adahop_kernels._common import (
     e4m3_bits_of_e2m1,
     e4m3_words_of_code_words,
     exp2_int,
+    fitting_configs,
     group_broadcast,
     group_max,
 )
@@ -168,15 +169,14 @@ def _fp8_group_kernel(
 _tuned_kernel = triton.autotune(
     [triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=w)
      for m, k, w in ((8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 512, 8), (4, 2048, 4))],
-    key=["M", "K"],
+    key=["M", "K"], prune_configs_by=fitting_configs(),
 )(_fp8_reencode_kernel)
 # Tiles of whole groups: seg128 takes any row count, tile128 multiples of 128 rows.
 _tuned_group_kernel = triton.autotune(
     [triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=w)
      for m, k, w in ((8, 1024, 4), (16, 512, 4), (32, 512, 8), (128, 128, 4), (128, 256, 8), (128, 512, 16))],
     key=["M", "K", "GROUP_M"],
-    prune_configs_by={"early_config_prune": lambda configs, nargs, **kw: [
-        c for c in configs if c.kwargs["BLOCK_M"] % kw["GROUP_M"] == 0]},
+    prune_configs_by=fitting_configs(lambda c, kw: c.kwargs["BLOCK_M"] % kw["GROUP_M"] == 0),
 )(_fp8_group_kernel)
 
 

@@ -91,6 +91,7 @@ from adahop_kernels._common import (
     e4m3_bits_of_e2m1,
     e4m3_words_fast,
     exp2_int,
+    fitting_configs,
     flip_sign,
     group_broadcast,
     group_max,
@@ -351,14 +352,14 @@ def _tile_units(kw: dict) -> tuple[int, int]:
     return unit_m, unit_k
 
 
-def _configs_that_fit(configs: list[triton.Config], nargs: dict, **kw) -> list[triton.Config]:
+def _config_fits(config: triton.Config, kw: dict) -> bool:
     unit_m, unit_k = _tile_units(kw)
-    return [c for c in configs if c.kwargs["BLOCK_M"] % unit_m == 0 and c.kwargs["BLOCK_K"] % unit_k == 0]
+    return config.kwargs["BLOCK_M"] % unit_m == 0 and config.kwargs["BLOCK_K"] % unit_k == 0
 
 
 # 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
 # along K for one orientation, square-ish for the transposing ones, 128-multiples for the FP8
-# groups. Pruned to what the flags need (_tile_units); 128×128 fits every launch, and at 16 warps
+# groups. Pruned to what the flags need (_config_fits); 128×128 fits every launch, and at 16 warps
 # it keeps the dual SR launch off local memory (104 registers a thread on the sm_90 SASS, against
 # 255 and spills at 8 warps).
 _GPU_CONFIGS = [
@@ -371,7 +372,7 @@ _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGN
 _tuned_kernel = triton.autotune(
     # No reset of the AMAX outputs between timed configs: a max over the same input is idempotent
     # (and an unused pointer argument is x itself, which a reset would zero).
-    _GPU_CONFIGS, key=["M", "K", *_FLAGS], prune_configs_by={"early_config_prune": _configs_that_fit},
+    _GPU_CONFIGS, key=["M", "K", *_FLAGS], prune_configs_by=fitting_configs(_config_fits),
 )(_hadamard_quantize_kernel)
 
 

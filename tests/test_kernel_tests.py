@@ -69,7 +69,7 @@ def test_every_outcome_becomes_a_record_with_its_node_id(tmp_path):
     }
     assert all(r["duration_s"] >= 0 for r in doc["records"])
     prov = doc["provenance"]
-    assert prov["pytest_exit_code"] == 1 and prov["config"] == {"paths": [str(tests)], "select": None}
+    assert prov["pytest_exit_code"] == 1 and prov["config"] == {"paths": [str(tests)], "select": None, "kernel_configs": "first"}
     assert prov["pytest_interrupted_after_s"] is None
 
 
@@ -149,3 +149,15 @@ def test_passes_on_another_device_are_not_taken(tmp_path):
         kernel_tests.main(["--skip-passed", str(other), "--out", str(tmp_path / "tests.json")])
     with pytest.raises(FileNotFoundError, match="no such results file"):
         kernel_tests.main(["--skip-passed", str(tmp_path / "missing.json"), "--out", str(tmp_path / "tests.json")])
+
+
+@pytest.mark.parametrize("flag,value", [([], "first"), (["--configs", "tuned"], "tuned")])
+def test_the_kernels_config_choice_reaches_pytest_and_the_provenance(flag, value, tmp_path):
+    tests = tmp_path / "test_env.py"
+    tests.write_text("import os\n\ndef test_choice():\n"
+                     f"    assert os.environ['ADAHOP_KERNEL_CONFIG'] == {value!r}\n")
+    out = tmp_path / "tests.json"
+    assert kernel_tests.main([str(tests), *flag, "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [r["outcome"] for r in doc["records"]] == ["passed"]
+    assert doc["provenance"]["config"]["kernel_configs"] == value

@@ -1,0 +1,100 @@
+"""The autotuned kernels' configs: which ones ``$ADAHOP_KERNEL_CONFIG`` lets a launch use, and (on a
+GPU) that every config gives the reference's bytes.
+
+The kernel tests on a GPU run with one config per kernel variant (``experiments/kernel_tests.py``
+sets ``first``): one compile each instead of one per config. The tile shape never changes a result
+(the kernels' contract), and ``test_every_config_matches_the_reference`` holds every config to it.
+"""
+
+import pytest
+import torch
+
+import adahop_kernels.dequantize as dq
+import adahop_kernels.fp8_reencode as fr
+import adahop_kernels.hadamard_quantize as hq
+from adahop import ops
+from adahop.formats import MXFP4Tensor, dequantize_mxfp4_ref, to_fp8_ref
+from adahop_kernels._common import KERNEL_CONFIG_ENV, kernel_config_choice
+from adahop_kernels.hadamard_quantize import Side, quantize
+
+# The launch flags of the layer's forward X step (tests/bench/test_bench_quantize.py).
+X_STEP = dict(ALONG_K=True, ALONG_M=True, HADAMARD=True, HADAMARD_T=True, HAS_SIGNS=False, HAS_SIGNS_T=False,
+              PACKED=False, PACKED_T=True, FP8=1, FP8_T=0, AMAX=False, AMAX_T=False, HS=32, SR=False, DOT_FP32=False)
+TUNERS = {"hadamard_quantize": (hq._tuned_kernel, X_STEP), "fp8_reencode": (fr._tuned_kernel, {}),
+          "fp8_reencode groups": (fr._tuned_group_kernel, {"GROUP_M": 128}), "dequantize": (dq._tuned_kernel, {})}
+
+
+def pruned(tuner, kwargs):
+    return tuner.early_config_prune(tuner.configs, {}, **kwargs)
+
+
+@pytest.mark.parametrize("name", TUNERS)
+def test_environment_narrows_the_configs(name, monkeypatch):
+    tuner, kwargs = TUNERS[name]
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    every = pruned(tuner, kwargs)
+    assert len(every) > 1
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, "tuned")
+    assert pruned(tuner, kwargs) == every
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, "first")
+    assert pruned(tuner, kwargs) == every[:1]
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, str(len(every) + 1))  # modulo the count
+    assert pruned(tuner, kwargs) == [every[1]]
+
+
+def test_quantize_keeps_only_the_configs_its_flags_fit(monkeypatch):
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    w_step = {**X_STEP, "PACKED_T": False, "FP8": 2, "FP8_T": 2}
+    kept = pruned(hq._tuned_kernel, w_step)
+    assert kept and all(c.kwargs["BLOCK_M"] % 128 == 0 and c.kwargs["BLOCK_K"] % 128 == 0 for c in kept)
+    assert len(kept) < len(pruned(hq._tuned_kernel, X_STEP))
+
+
+@pytest.mark.parametrize("value", ["fast", "-1", "1.5"])
+def test_bad_choice_names_the_variable(value, monkeypatch):
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, value)
+    with pytest.raises(ValueError, match=rf"\$ADAHOP_KERNEL_CONFIG must be 'tuned', 'first' or a config index, got '{value}'"):
+        kernel_config_choice()
+
+
+def _each_config(tuner, kwargs, monkeypatch):
+    """Index i of the configs that fit, with the tuner's choices forgotten: the next launch uses config i."""
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    for i in range(len(pruned(tuner, kwargs))):
+        monkeypatch.setenv(KERNEL_CONFIG_ENV, str(i))
+        tuner.cache.clear()
+        yield i
+    tuner.cache.clear()
+
+
+def _u8(t):
+    return t.view(torch.uint8).cpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or hq.INTERPRETED, reason="configs are GPU launches (the interpreter tiles by its own rule)")
+def test_every_config_matches_the_reference(monkeypatch):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(256, 512, generator=g) * torch.exp2(torch.randn(256, 512, generator=g) * 3)).to(torch.bfloat16)
+    steps = {"X": (Side(True, None, packed=False, fp8="seg128"), Side(True, None)),
+             "W": (Side(True, None, packed=False, fp8="tile128"), Side(True, None, packed=False, fp8="tile128"))}
+    for name, sides in steps.items():
+        flags = {**X_STEP, "PACKED": False, "PACKED_T": sides[1].packed, "FP8": hq.FP8_IN_KERNEL[sides[0].fp8],
+                 "FP8_T": hq.FP8_IN_KERNEL[sides[1].fp8]}
+        for i in _each_config(hq._tuned_kernel, flags, monkeypatch):
+            outs = quantize(x.cuda(), *sides)
+            for out, side, xo in zip(outs, sides, (x, x.t())):
+                q = ops.hadamard_quantize_ref(xo, True)
+                if side.packed:
+                    assert torch.equal(out.codes.cpu(), q.codes) and torch.equal(out.scales.cpu(), q.scales), (name, i)
+                fp8, scale = to_fp8_ref(q, side.fp8)
+                assert torch.equal(_u8(out.fp8), _u8(fp8)) and torch.equal(out.fp8_scale.cpu(), scale), (name, i)
+    q = ops.hadamard_quantize_ref(x, True)
+    t = MXFP4Tensor(q.codes.cuda(), q.scales.cuda())
+    for i in _each_config(dq._tuned_kernel, {}, monkeypatch):
+        assert torch.equal(dq.dequantize(t, torch.float32).cpu(), dequantize_mxfp4_ref(q, torch.float32)), i
+    for layout, (tuner, kwargs) in (("row", (fr._tuned_kernel, {})), ("tile128", (fr._tuned_group_kernel, {"GROUP_M": 128})),
+                                    ("seg128", (fr._tuned_group_kernel, {"GROUP_M": 1}))):
+        fp8_ref, scale_ref = to_fp8_ref(q, layout)
+        for i in _each_config(tuner, kwargs, monkeypatch):
+            fp8, scale = fr.fp8_reencode(t, layout)
+            assert torch.equal(_u8(fp8), _u8(fp8_ref)) and torch.equal(scale.cpu(), scale_ref), (layout, i)
