@@ -20,7 +20,7 @@ made at (each file's provenance names it): after a kernel changes, run its tests
 ``--skip-passed``.
 
 ``--configs``: the autotuned kernels launch with the first config that fits each variant
-(``first``, the default: one compile per variant instead of one per config, several times faster;
+(``first``, the default: one compile per variant instead of one per config, and no timing;
 ``tests/kernels/test_kernel_configs.py`` runs every config against the reference), or autotune
 each launch as training does (``tuned``). The choice is in the provenance's ``config``.
 
