@@ -1,0 +1,63 @@
+"""The kernel developer scripts refuse bad arguments clearly (their GPU work is exercised on a GPU)."""
+
+import argparse
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(name):
+    spec = importlib.util.spec_from_file_location(f"script_{name}", REPO_ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("text,match", [("16384", "must be ROWSxCOLS"), ("axb", "must be ROWSxCOLS"),
+                                        ("100x256", "positive multiples of 128"), ("0x256", "positive multiples of 128")])
+def test_quantize_steps_refuses_a_bad_shape(text, match):
+    with pytest.raises(argparse.ArgumentTypeError, match=match):
+        load("quantize_steps").parse_shape(text)
+
+
+def test_quantize_steps_reads_a_shape():
+    assert load("quantize_steps").parse_shape("16384x8192") == (16384, 8192)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--steps", "X,Q"], r"--steps: unknown \['Q'\]"),
+])
+def test_quantize_steps_refuses_unknown_steps(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        load("quantize_steps").main(argv)
+    assert match.replace("\\", "") in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--baseline", "nowhere.py", "--out", "x.json"], "needs a CUDA GPU"),
+])
+def test_kernel_ab_refuses_without_a_gpu(argv, match, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        load("kernel_ab").main(argv)
+    assert match in capsys.readouterr().err
+
+
+def test_kernel_ab_refuses_a_missing_baseline_and_unknown_shapes(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    ab = load("kernel_ab")
+    with pytest.raises(SystemExit):
+        ab.main(["--baseline", str(tmp_path / "none.py"), "--out", str(tmp_path / "x.json")])
+    assert "no such file" in capsys.readouterr().err
+    base = tmp_path / "base.py"
+    base.write_text("")
+    with pytest.raises(SystemExit):
+        ab.main(["--baseline", str(base), "--out", str(tmp_path / "x.json"), "--shapes", "huge"])
+    assert "--shapes: unknown ['huge']" in capsys.readouterr().err
