@@ -20,10 +20,10 @@ KERNEL_CONFIG_ENV = "ADAHOP_KERNEL_CONFIG"
 
 
 def kernel_config_choice() -> int | None:
-    """``$ADAHOP_KERNEL_CONFIG``: unset or ``tuned``, None (the autotuner times every config that
-    fits); ``first``, or an index ``n``, 0 or n: the n-th config that fits (modulo their count), with
-    no timing. One compile per kernel variant instead of one per config: the kernel tests on a GPU
-    use it, and a test of their own runs every config."""
+    """The config index ``$ADAHOP_KERNEL_CONFIG`` asks for: None where unset or ``tuned`` (the
+    autotuner times every config that fits), 0 for ``first``, n for an index n (the n-th config
+    that fits, modulo their count), with no timing. One compile per kernel variant instead of one
+    per config: the kernel tests on a GPU use it, and a test of their own runs every config."""
     value = os.environ.get(KERNEL_CONFIG_ENV, "tuned")
     if value in ("", "tuned"):
         return None

@@ -161,7 +161,9 @@ def record(cases: Iterable[Case]) -> list[Launch]:
         stack.enter_context(mock.patch.object(JITFunction, "run", jit_run))
         stack.enter_context(mock.patch.object(Autotuner, "run", autotuner_run))
         # Every config the autotuner could pick, whatever the environment narrows a launch to.
-        stack.enter_context(mock.patch.dict(os.environ, {"ADAHOP_KERNEL_CONFIG": "tuned"}))
+        from adahop_kernels._common import KERNEL_CONFIG_ENV
+
+        stack.enter_context(mock.patch.dict(os.environ, {KERNEL_CONFIG_ENV: "tuned"}))
         stack.enter_context(mock.patch.object(torch.cuda, "get_device_properties",
                                               lambda *a, **k: types.SimpleNamespace(multi_processor_count=H200_SMS)))
         for module in _kernel_modules():
