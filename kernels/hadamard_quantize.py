@@ -69,9 +69,10 @@ holds consecutive outputs (no data moves before the packing). A variant with sev
 per program (next load in flight) measured half this kernel's rate (the ``kernels-multitile``
 file in ``results/microbench/gpu/``). Moving the two rare branches into a second launch over the
 tiles the first flags (``scripts/kernel_ab.py``; ``quantize-ab-fixup-launch`` in
-``results/microbench/gpu/history/``) cut the hot path's registers from the 255 cap to 177-184 at the
-X and W steps, without spills, yet the steps ran at 0.34-1.07x this kernel's rate (0.08-0.29 of
-copy against its 0.16-0.27): the register cap is not what holds these steps near a fifth of copy.
+``results/microbench/gpu/history/``) compiled the X and W steps' hot path below the register cap,
+without spills (``scripts/sass_count.py``), yet the steps ran at 0.34-1.07x this kernel's rate
+(0.08-0.29 of copy against its 0.16-0.27): the register cap is not what holds them near a fifth
+of copy.
 """
 
 from __future__ import annotations
