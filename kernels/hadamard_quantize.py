@@ -72,7 +72,11 @@ tiles the first flags (``scripts/kernel_ab.py``; ``quantize-ab-fixup-launch`` in
 ``results/microbench/gpu/history/``) compiled the X and W steps' hot path below the register cap,
 without spills (``scripts/sass_count.py``), yet the steps ran at 0.34-1.07x this kernel's rate
 (0.08-0.29 of copy against its 0.16-0.27): the register cap is not what holds them near a fifth
-of copy.
+of copy. Nsight Compute on the three steps at 16384x8192 (``profile_quantize_16384x8192.txt`` in
+``results/microbench/gpu/``) says what does: 1.75, 1.85 and 2.95 warp-instructions issued a value
+(X, W, dY), the integer pipe the busiest, DRAM 14-23% busy, and about one eligible warp a
+scheduler, so the issue slots are 46-59% used. Even at full issue these counts cap the steps at
+0.47, 0.48 and 0.31 of copy (DESIGN §6).
 """
 
 from __future__ import annotations
