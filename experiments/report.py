@@ -420,7 +420,8 @@ def throughput_section(res: Results) -> list[str]:
     if not rows:
         return ["No throughput results in this profile."]
     return table(["file", "model, mode", "recipe", "tokens/s", "÷ bf16", "MFU", "peak memory", "commit"], rows) + [
-        "", "Random tokens, every recipe of a file timed in one process after its untimed warm-up steps.", "",
+        "", "Random tokens, every recipe of a file timed in one process after its untimed warm-up steps. "
+        "Peak memory: the bytes allocated on rank 0, or under CUDA graphs the bytes reserved (the graphs' pools).", "",
         source(*docs)]
 
 
