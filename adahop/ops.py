@@ -192,17 +192,37 @@ def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16, backend: Bac
     return library.dequantize(t.codes, t.scales, dtype, backend)
 
 
+def _check_k(k: int, rows: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"k must be an int, got {type(k).__name__}")
+    if not 0 <= k <= rows:
+        raise ValueError(f"k={k} outlier rows requested from a tensor with {rows} rows")
+
+
+def rank_outliers(amax: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices ``(k,)`` (int64, ascending) of the ``k`` largest values of ``amax (M,)``, the rows'
+    ``max |x|``: among equal values the lower index goes first, and NaN ranks above every number.
+
+    The one ranking rule of every backend and device. ``torch.topk`` leaves which of several equal
+    values it keeps to its implementation, so the CPU and a GPU could pick different rows at the
+    k-th place, and bf16 operands often hold rows of equal maxima; a stable sort does not.
+    """
+    if not isinstance(amax, torch.Tensor):
+        raise TypeError(f"amax must be a torch.Tensor, got {type(amax).__name__}")
+    if amax.dim() != 1 or not amax.is_floating_point():
+        raise ValueError(f"amax must be a 1-D float tensor, got shape {tuple(amax.shape)} and dtype {amax.dtype}")
+    _check_k(k, amax.shape[0])
+    return torch.sort(amax, descending=True, stable=True).indices[:k].sort().values
+
+
 def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices ``(k,)`` (int64, ascending) of the ``k`` rows of ``x (M, K)`` with the largest absmax.
 
-    Equivalent to ``x.abs().amax(1).topk(k).indices.sort().values``.
+    Equivalent to ``rank_outliers(x.abs().amax(1), k)``.
     """
     check_2d(x, "x")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 0 <= k <= x.shape[0]:
-        raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
-    return x.abs().amax(dim=1).topk(k).indices.sort().values
+    _check_k(k, x.shape[0])
+    return rank_outliers(x.abs().amax(dim=1), k)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,10 +233,7 @@ def _check_outlier_input(x: torch.Tensor, k: int) -> None:
     check_float_matrix(x)
     if x.shape[1] == 0:
         raise ValueError(f"x of shape {tuple(x.shape)} has empty rows: no magnitude to rank them by")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if not 0 <= k <= x.shape[0]:
-        raise ValueError(f"k={k} outlier rows requested from a tensor with {x.shape[0]} rows")
+    _check_k(k, x.shape[0])
 
 
 def extract_outliers_ref(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,7 +250,8 @@ def extract_outliers(
 
     x: float32/bfloat16/float16, any strides. Returns ``indices`` ``(k,)`` int64 in ascending order
     and ``rows`` ``(k, K)`` bfloat16 (``x[indices]``). A row holding NaN ranks above every finite
-    row (as ``torch.topk`` ranks NaN), so a diverged row goes to the BF16 GEMM and shows there.
+    row, and equal maxima go to the lower index (:func:`rank_outliers`), so a diverged row goes to the
+    BF16 GEMM and shows there.
 
     *Column outliers* are the rows of the transposed operand: ``extract_outliers(x.t(), k)`` (a
     view, no copy; the kernel reads it in place) returns column indices of x and ``x[:, idx].t()``,
@@ -250,7 +268,7 @@ def extract_outliers(
     _check_outlier_input(x, k)
     if resolve_backend(x.device, backend) is Backend.REFERENCE:
         return extract_outliers_ref(x, k)
-    idx = library.row_absmax(x, Backend.TRITON.value).topk(k).indices.sort().values
+    idx = rank_outliers(library.row_absmax(x, Backend.TRITON.value), k)
     return idx, x.index_select(0, idx).to(torch.bfloat16)
 
 

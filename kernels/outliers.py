@@ -1,13 +1,13 @@
 """Row absmax for outlier extraction (OE): the statistic that ranks rows, in one read of x.
 
 ``adahop.ops.extract_outliers`` ranks the rows of ``x (M, K)`` by ``max |x|``, keeps the top k
-(``torch.topk`` on M values) and gathers them as a BF16 slice (``index_select`` of k rows). Of the
+(``adahop.ops.rank_outliers``: a stable sort of M values) and gathers them as a BF16 slice (``index_select`` of k rows). Of the
 three steps only the ranking statistic touches all of x, so that is the one kernel here:
 
 * one read of x, whatever its strides: a 2-D tile is loaded and Triton coalesces it along the
   contiguous axis, so column outliers (rows of ``x.t()``, a view) cost no transposed copy;
 * the reference ``x.abs().amax(1)`` reads x twice and writes |x| once (3x the bytes);
-* NaN is explicit: a row holding NaN gets NaN (ranked first by ``topk``, as in the reference),
+* NaN is explicit: a row holding NaN gets NaN (ranked first, as in the reference),
   where a GPU ``max`` alone would drop it;
 * K is split across programs when M alone gives too few programs (e.g. the 4096 channels of an
   activation read along 16k tokens); the (splits, M) partial maxima are reduced by ``amax``.

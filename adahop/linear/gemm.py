@@ -31,7 +31,7 @@ from adahop import hot, library
 from adahop.formats import MXFP4Tensor
 from adahop.linear.seeds import LEFT, RIGHT, SIGNS, SLOT_CODES, derive_seed, draw_seed, new_counter, signs_from_seed
 from adahop.backend import Backend
-from adahop.ops import GemmPath, device_gemm_path, fp8_mm, gemm_path, mxfp4_mm_ref
+from adahop.ops import GemmPath, device_gemm_path, fp8_mm, gemm_path, mxfp4_mm_ref, rank_outliers
 from adahop.policy import MEASURED_CANDIDATES, Strategy
 from adahop.recipes import Recipe
 
@@ -287,7 +287,7 @@ def top_rows(x: torch.Tensor, k: int, backend: str = "reference", amax: torch.Te
     """
     k = min(k, x.shape[0])
     amax = library.row_absmax(x, backend) if amax is None else amax
-    idx = amax.topk(k).indices.sort().values
+    idx = rank_outliers(amax, k)
     return idx, x.index_select(0, idx).to(torch.bfloat16)
 
 

@@ -71,6 +71,28 @@ def test_extract_outliers_matches_reference(device):
     assert 17 in idx.tolist()  # a NaN row ranks first
 
 
+def test_equal_maxima_go_to_the_lower_index_on_every_backend_and_device(device):
+    # bf16 rows of few distinct maxima: the k-th place falls among many equal ones.
+    x = torch.randint(-4, 5, (300, 96), generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    x[:, 0] = 1.0
+    x[[250, 7, 120], 5] = 8.0  # above every other row
+    x[[299, 3], 9] = float("nan")  # two diverged rows rank first, the lower first
+    want = sorted([3, 299, 7, 120, 250] + [r for r in range(300) if r not in (3, 7, 120, 250, 299)
+                                           and x[r].float().abs().amax() == 4][:11])
+    for k_rows in (x, x.t().contiguous().t()):
+        for backend in ("reference", "triton"):
+            idx, _ = ops.extract_outliers(k_rows.to(device), 16, backend=backend)
+            assert idx.cpu().tolist() == want, backend
+    assert ops.select_outliers(x, 16).tolist() == want
+
+
+def test_rank_outliers_ties_and_nan():
+    amax = torch.tensor([1.0, 3.0, 2.0, 3.0, float("nan"), 2.0, 3.0])
+    assert ops.rank_outliers(amax, 3).tolist() == [1, 3, 4]
+    assert ops.rank_outliers(amax, 5).tolist() == [1, 2, 3, 4, 6]
+    assert ops.rank_outliers(amax, 0).tolist() == []
+
+
 def test_column_outliers_are_rows_of_the_transpose(device):
     want = [5, 33, 200]
     x = planted(256, 129, want).to(device).t()  # (129, 256), outliers in columns 5, 33, 200
@@ -133,3 +155,5 @@ def test_gpu_extract_outliers_matches_reference(transposed):
     idx, rows = ops.extract_outliers(x, 64)
     ref_idx, ref_rows = ops.extract_outliers_ref(x, 64)
     assert torch.equal(idx, ref_idx) and torch.equal(rows, ref_rows)
+    # The GPU ranks as the CPU does where maxima tie (bf16 rows hold many equal ones).
+    assert torch.equal(idx.cpu(), ops.extract_outliers_ref(x.cpu(), 64)[0])
