@@ -366,14 +366,11 @@ def _config_fits(config: triton.Config, kw: dict) -> bool:
 # along K for one orientation, square-ish for the transposing ones, 128-multiples for the FP8
 # groups. Pruned to what the flags need (_config_fits); 128×128 fits every launch, and at 16 warps
 # it keeps the dual SR launch off local memory (104 registers a thread on the sm_90 SASS, against
-# 255 and spills at 8 warps). The last two are more warps a scheduler for the X step's smallest
-# tile, which Nsight Compute found at about one eligible warp a scheduler with 3 blocks of 4 warps
-# (158 registers; DESIGN §6): 8 warps on the same tile, or a register cap for 4 blocks.
+# 255 and spills at 8 warps).
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, maxnreg=regs)
-    for bm, bk, w, regs in ((16, 256, 4, None), (32, 128, 4, None), (32, 256, 4, None), (64, 256, 8, None),
-                            (64, 64, 4, None), (64, 128, 4, None), (128, 64, 4, None), (128, 128, 8, None),
-                            (128, 128, 16, None), (32, 128, 8, None), (32, 128, 4, 128))
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
+    for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
+                      (128, 128, 8), (128, 128, 16))
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
