@@ -76,7 +76,7 @@ of copy. Nsight Compute on the three steps at 16384x8192 (``profile_quantize_163
 ``results/microbench/gpu/``) says what does: 1.75, 1.85 and 2.95 warp-instructions issued a value
 (X, W, dY), the integer pipe the busiest, DRAM 14-23% busy, and about one eligible warp a
 scheduler, so the issue slots are 46-59% used. Even at full issue these counts cap the steps at
-0.47, 0.48 and 0.31 of copy (DESIGN §6).
+0.46, 0.48 and 0.31 of copy (DESIGN §6).
 """
 
 from __future__ import annotations

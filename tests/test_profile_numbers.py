@@ -1,0 +1,76 @@
+"""The numbers that DESIGN §6 and the quantize kernel's docstring quote from the committed Nsight
+Compute profile of the layer's quantize steps are that profile's, and the floor they derive
+from it follows from them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILE = ROOT / "results" / "microbench" / "gpu" / "profile_quantize_16384x8192.txt"
+# The copy rate the floor is set against: the same-run ceiling of the A/B file DESIGN §6 cites.
+AB = ROOT / "results" / "microbench" / "gpu" / "history" / "quantize-ab-fixup-launch-2026-12-03.json"
+DESIGN = ROOT / "docs" / "DESIGN.md"
+KERNEL = ROOT / "kernels" / "hadamard_quantize.py"
+VALUES = 16384 * 8192
+SCHEDULERS = 132 * 4  # an H200: 132 SMs, 4 schedulers each, one warp-instruction a cycle apiece
+# Minimal bytes a bf16 value: read 2; X writes seg128 FP8 along K and packed codes along M, W tile128
+# FP8 both ways, dY seg128 FP8 both ways (the kernel docstring's per-output figures).
+STEPS = {"X": 2 + (1 + 1 / 32) + (0.5 + 1 / 32), "W": 2 + 2 * (1 + 1 / 4096), "dY": 2 + 2 * (1 + 1 / 32)}
+
+
+def metric(section: str, name: str) -> float:
+    """The first value of metric ``name`` in a kernel's section of ``ncu --print-details``."""
+    m = re.search(rf"^\s+{re.escape(name)}\s+(?:[^\s\d][^\s]*\s+)?([\d,]+(?:\.\d+)?)\s*$", section, re.M)
+    assert m, f"{PROFILE.name}: no {name!r} in a kernel's section"
+    return float(m[1].replace(",", ""))
+
+
+def prose(path: Path) -> str:
+    """The file's text with line breaks, comment marks and runs of spaces folded to one space."""
+    return re.sub(r"\s+", " ", re.sub(r"^\s*#", " ", path.read_text(), flags=re.M))
+
+
+@pytest.fixture(scope="module")
+def profiled() -> dict[str, dict[str, float]]:
+    sections = re.split(r"^  _hadamard_quantize_kernel ", PROFILE.read_text(), flags=re.M)[1:]
+    assert len(sections) == len(STEPS), f"{PROFILE.name}: {len(sections)} kernels, expected X, W and dY"
+    names = ("Duration", "Instructions Executed", "Issue Slots Busy", "ALU", "DRAM Throughput",
+             "Achieved Occupancy", "Registers Per Thread", "SM Frequency")
+    return {step: {n: metric(s, n) for n in names} for step, s in zip(STEPS, sections)}
+
+
+def floors(profiled) -> dict[str, tuple[float, float]]:
+    """Per step: µs the instructions take issued on every cycle, µs the minimal bytes take at copy rate."""
+    copy = {r["ceiling"] for r in json.loads(AB.read_text())["records"] if r["ceiling_name"] == "copy"}
+    assert len(copy) == 1, f"{AB.name}: one copy rate expected, got {copy}"
+    gbs = copy.pop()
+    return {step: (p["Instructions Executed"] / SCHEDULERS / (p["SM Frequency"] * 1e3), VALUES * STEPS[step] / (gbs * 1e3))
+            for step, p in profiled.items()}
+
+
+def test_design_table_rows_are_the_profiles(profiled):
+    rows = {m[1]: m[0] for m in re.finditer(r"^\s*\| (X|W|dY)[:,].*\|$", DESIGN.read_text(), re.M)}
+    assert set(rows) == set(STEPS), f"DESIGN §6: profile rows {sorted(rows)}"
+    for step, p in profiled.items():
+        cells = [f"| {p['Duration']:.0f} µs | {p['Instructions Executed'] / VALUES:.2f} | {p['Issue Slots Busy']:.1f}% |",
+                 f" {p['ALU']:.0f}% | {p['DRAM Throughput']:.1f}%", f"| {p['Achieved Occupancy']:.0f}% ({p['Registers Per Thread']:.0f}"]
+        for cell in cells:
+            assert cell in rows[step], f"DESIGN §6, row {step}: {cell!r} not in {rows[step]!r}"
+
+
+def test_design_and_docstring_floors_follow_from_the_profile(profiled):
+    f = floors(profiled)
+    issue, copy = (", ".join(f"{f[s][i]:.0f}" for s in ("X", "W")) + f" and {f['dY'][i]:.0f}" for i in (0, 1))
+    share = ", ".join(f"{f[s][1] / f[s][0]:.2f}" for s in ("X", "W")) + f" and {f['dY'][1] / f['dY'][0]:.2f}"
+    per_value = ", ".join(f"{profiled[s]['Instructions Executed'] / VALUES:.2f}" for s in ("X", "W")) + \
+        f" and {profiled['dY']['Instructions Executed'] / VALUES:.2f}"
+    design, kernel = prose(DESIGN), prose(KERNEL)
+    for text in (f"take {issue} µs", f"against {copy} µs", f"reach {share} of copy"):
+        assert text in design, f"DESIGN §6 does not say {text!r}"
+    for text in (f"{per_value} warp-instructions", f"at {share} of copy"):
+        assert text in kernel, f"{KERNEL.name}'s docstring does not say {text!r}"
