@@ -218,10 +218,10 @@ def rank_outliers(amax: torch.Tensor, k: int) -> torch.Tensor:
 def select_outliers(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices ``(k,)`` (int64, ascending) of the ``k`` rows of ``x (M, K)`` with the largest absmax.
 
-    Equivalent to ``rank_outliers(x.abs().amax(1), k)``.
+    Rows rank by their ``max |x|`` under :func:`rank_outliers`' rule: equal maxima to the lower
+    index, NaN first.
     """
     check_2d(x, "x")
-    _check_k(k, x.shape[0])
     return rank_outliers(x.abs().amax(dim=1), k)
 
 

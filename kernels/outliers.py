@@ -1,8 +1,9 @@
 """Row absmax for outlier extraction (OE): the statistic that ranks rows, in one read of x.
 
 ``adahop.ops.extract_outliers`` ranks the rows of ``x (M, K)`` by ``max |x|``, keeps the top k
-(``adahop.ops.rank_outliers``: a stable sort of M values) and gathers them as a BF16 slice (``index_select`` of k rows). Of the
-three steps only the ranking statistic touches all of x, so that is the one kernel here:
+(``adahop.ops.rank_outliers``: a stable sort of M values) and gathers them as a BF16 slice
+(``index_select`` of k rows). Of the three steps only the ranking statistic touches all of x, so
+that is the one kernel here:
 
 * one read of x, whatever its strides: a 2-D tile is loaded and Triton coalesces it along the
   contiguous axis, so column outliers (rows of ``x.t()``, a view) cost no transposed copy;

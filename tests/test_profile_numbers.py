@@ -44,6 +44,15 @@ def profiled() -> dict[str, dict[str, float]]:
     return {step: {n: metric(s, n) for n in names} for step, s in zip(STEPS, sections)}
 
 
+def listed(values: list[str]) -> str:
+    """``"a, b and c"``: how the prose lists the three steps' figures."""
+    return ", ".join(values[:-1]) + f" and {values[-1]}"
+
+
+def per_value(p: dict[str, float]) -> float:
+    return p["Instructions Executed"] / VALUES
+
+
 def floors(profiled) -> dict[str, tuple[float, float]]:
     """Per step: µs the instructions take issued on every cycle, µs the minimal bytes take at copy rate."""
     copy = {r["ceiling"] for r in json.loads(AB.read_text())["records"] if r["ceiling_name"] == "copy"}
@@ -57,20 +66,20 @@ def test_design_table_rows_are_the_profiles(profiled):
     rows = {m[1]: m[0] for m in re.finditer(r"^\s*\| (X|W|dY)[:,].*\|$", DESIGN.read_text(), re.M)}
     assert set(rows) == set(STEPS), f"DESIGN §6: profile rows {sorted(rows)}"
     for step, p in profiled.items():
-        cells = [f"| {p['Duration']:.0f} µs | {p['Instructions Executed'] / VALUES:.2f} | {p['Issue Slots Busy']:.1f}% |",
+        cells = [f"| {p['Duration']:.0f} µs | {per_value(p):.2f} | {p['Issue Slots Busy']:.1f}% |",
                  f" {p['ALU']:.0f}% | {p['DRAM Throughput']:.1f}%", f"| {p['Achieved Occupancy']:.0f}% ({p['Registers Per Thread']:.0f}"]
         for cell in cells:
             assert cell in rows[step], f"DESIGN §6, row {step}: {cell!r} not in {rows[step]!r}"
 
 
 def test_design_and_docstring_floors_follow_from_the_profile(profiled):
-    f = floors(profiled)
-    issue, copy = (", ".join(f"{f[s][i]:.0f}" for s in ("X", "W")) + f" and {f['dY'][i]:.0f}" for i in (0, 1))
-    share = ", ".join(f"{f[s][1] / f[s][0]:.2f}" for s in ("X", "W")) + f" and {f['dY'][1] / f['dY'][0]:.2f}"
-    per_value = ", ".join(f"{profiled[s]['Instructions Executed'] / VALUES:.2f}" for s in ("X", "W")) + \
-        f" and {profiled['dY']['Instructions Executed'] / VALUES:.2f}"
+    f = floors(profiled).values()
+    issue = listed([f"{at_issue:.0f}" for at_issue, _ in f])
+    copy = listed([f"{at_copy:.0f}" for _, at_copy in f])
+    share = listed([f"{at_copy / at_issue:.2f}" for at_issue, at_copy in f])
+    counts = listed([f"{per_value(p):.2f}" for p in profiled.values()])
     design, kernel = prose(DESIGN), prose(KERNEL)
     for text in (f"take {issue} µs", f"against {copy} µs", f"reach {share} of copy"):
         assert text in design, f"DESIGN §6 does not say {text!r}"
-    for text in (f"{per_value} warp-instructions", f"at {share} of copy"):
+    for text in (f"{counts} warp-instructions", f"at {share} of copy"):
         assert text in kernel, f"{KERNEL.name}'s docstring does not say {text!r}"

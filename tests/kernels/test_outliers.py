@@ -79,9 +79,9 @@ def test_equal_maxima_go_to_the_lower_index_on_every_backend_and_device(device):
     x[[299, 3], 9] = float("nan")  # two diverged rows rank first, the lower first
     want = sorted([3, 299, 7, 120, 250] + [r for r in range(300) if r not in (3, 7, 120, 250, 299)
                                            and x[r].float().abs().amax() == 4][:11])
-    for k_rows in (x, x.t().contiguous().t()):
+    for operand in (x, x.t().contiguous().t()):  # row-major, and column-major
         for backend in ("reference", "triton"):
-            idx, _ = ops.extract_outliers(k_rows.to(device), 16, backend=backend)
+            idx, _ = ops.extract_outliers(operand.to(device), 16, backend=backend)
             assert idx.cpu().tolist() == want, backend
     assert ops.select_outliers(x, 16).tolist() == want
 
