@@ -89,7 +89,6 @@ import triton
 import triton.language as tl
 
 from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, FP8_GROUP, MXFP4Tensor, check_fp8_layout
-from adahop.hadamard import hadamard_matrix
 from adahop_kernels._common import (
     INTERPRETED,
     check_device,
@@ -128,6 +127,26 @@ def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
 
 
 @triton.jit
+def _hadamard_pm1(HS: tl.constexpr):
+    """The ±1 Sylvester matrix ``(HS, HS)`` (fp32) with its columns permuted for the MMA layout.
+
+    Lane t of a quad holds accumulator columns 8j + 2t + {0, 1}; column d of this matrix is
+    column ``(HS/4)·t + 2j + i`` of H (d = 8j + 2t + i), so each lane ends up holding HS/4
+    consecutive outputs, which the kernel packs without moving data between lanes. Entry (r, c) of
+    H is (-1)^popcount(r & c). Made from indices, not loaded: a device tensor cached by the host
+    would be allocated inside whatever CUDA-graph pool is recording at the first launch, and
+    overwritten by that pool's later allocations.
+    """
+    r = tl.arange(0, HS)[:, None]
+    d = tl.arange(0, HS)[None, :]
+    p = r & ((HS // 4) * ((d % 8) // 2) + 2 * (d // 8) + d % 2)
+    p = p ^ (p >> 4)  # parity of the 7 low bits (HS <= 128) folded into bit 0
+    p = p ^ (p >> 2)
+    p = p ^ (p >> 1)
+    return (1 - 2 * (p & 1)).to(tl.float32)
+
+
+@triton.jit
 def _hadamard_sums(t, h, BR: tl.constexpr, BC: tl.constexpr, HS: tl.constexpr, DOT_FP32: tl.constexpr):
     """The ±1 sums ``(BR·BC/32, 32)`` of each HS-block of ``t (BR, BC)`` by the permuted matrix ``h``."""
     a = tl.reshape(t, (BR * BC // HS, HS))
@@ -163,7 +182,7 @@ def _block_max_bits(s):
 @triton.jit
 def _quantize_store(
     t, x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols,
-    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed, h_ptr, c_hi, c_lo,
+    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed, c_hi, c_lo,
     BR: tl.constexpr, BC: tl.constexpr, HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     SR: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, FP8: tl.constexpr, AMAX: tl.constexpr,
 ):
@@ -188,8 +207,7 @@ def _quantize_store(
         t = flip_sign(t, flip)
     pexp = tl.zeros((NB,), tl.int32)  # log2 of each block's pre-scale (PRESCALE where its sums overflowed)
     if HADAMARD:
-        i = tl.arange(0, HS)
-        h = tl.load(h_ptr + i[:, None] * HS + i[None, :])
+        h = _hadamard_pm1(HS)
         s = _hadamard_sums(t, h, BR, BC, HS, DOT_FP32)  # exact ±1 sums; the 1/√HS factor is applied below, once
         m_bits = _block_max_bits(s)
         bad = m_bits > 0x7F7FFFFF
@@ -313,7 +331,7 @@ def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
     codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
     codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
-    seed_ptr, h_ptr, c_hi, c_lo,
+    seed_ptr, c_hi, c_lo,
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
     FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
@@ -336,10 +354,10 @@ def _hadamard_quantize_kernel(
         seed_t = 0
     if ALONG_K:
         _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
-                        h_ptr, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
+                        c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
     if ALONG_M:
         _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr,
-                        signs_t_ptr, seed_t, h_ptr, c_hi, c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR,
+                        signs_t_ptr, seed_t, c_hi, c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR,
                         DOT_FP32, PACKED_T, FP8_T, AMAX_T)
 
 
@@ -388,20 +406,6 @@ def _scale_split(size: int) -> tuple[float, float]:
     c = 1.0 / size**0.5
     hi = float(torch.tensor(c, dtype=torch.float64).float())
     return hi, float(torch.tensor(c - hi, dtype=torch.float64).float())
-
-
-@functools.lru_cache(maxsize=16)
-def _hadamard_pm1(size: int, device: torch.device) -> torch.Tensor:
-    """The ±1 Sylvester matrix ``(size, size)`` (fp32) with its columns permuted for the MMA layout.
-
-    Lane t of a quad holds accumulator columns 8j + 2t + {0, 1}; column d of this matrix is
-    column ``(size/4)·t + 2j + i`` of H (d = 8j + 2t + i), so each lane ends up holding size/4
-    consecutive outputs, which the kernel packs without moving data between lanes.
-    """
-    d = torch.arange(size)
-    col = (size // 4) * ((d % 8) // 2) + 2 * (d // 8) + d % 2
-    h = torch.round(hadamard_matrix(size, torch.float64) * size**0.5)
-    return h[:, col].float().contiguous().to(device)
 
 
 def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
@@ -603,7 +607,6 @@ def quantize(
             fp8_t_ptr=ptr(out_m, "fp8", torch.uint8), fp8_scale_t_ptr=ptr(out_m, "fp8_scale"),
             amax_t_ptr=ptr(out_m, "amax", torch.int32), signs_t_ptr=signs_t if signs_t is not None else x,
             seed_ptr=seed_t if seed_t is not None else x,
-            h_ptr=_hadamard_pm1(hadamard_size, x.device) if hadamard_size in HADAMARD_SIZES else x,
             c_hi=c_hi, c_lo=c_lo, **flags,
         )
         if INTERPRETED:

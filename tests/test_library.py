@@ -16,9 +16,9 @@ CASES = ([("cpu", "reference")] + ([("cpu", "triton")] if triton_interpreted() e
          + ([("cuda", "reference"), ("cuda", "triton")] if torch.cuda.is_available() else []))
 
 
-def runnable(backend: str) -> str:
+def runnable(backend: str, device: str = "cpu") -> str:
     # The triton backend on CPU tensors runs under the interpreter (conftest sets TRITON_INTERPRET).
-    resolve_backend("cpu", backend)
+    resolve_backend(device, backend)
     return backend
 
 
@@ -36,7 +36,7 @@ def seed(device: str = "cpu") -> torch.Tensor:
 def test_quantize_opcheck(device, backend, request_k, request_m, rounding):
     x = torch.randn(128, 256, dtype=torch.bfloat16, device=device)
     torch.library.opcheck(torch.ops.adahop.quantize.default, (x, None, None, seed(device), request_k, request_m, 32,
-                                                              rounding, "propagate", runnable(backend)))
+                                                              rounding, "propagate", runnable(backend, device)))
 
 
 @pytest.mark.parametrize("backend", [b for d, b in CASES if d == "cpu"])
@@ -59,7 +59,7 @@ def test_quantize_outputs_match_the_reference_encodings(backend):
 
 @pytest.mark.parametrize("device, backend", CASES)
 def test_fp8_encode_dequantize_row_absmax_opcheck(device, backend):
-    backend = runnable(backend)
+    backend = runnable(backend, device)
     x = torch.randn(128, 256, device=device)
     codes, scales = library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")[:2]
     for layout in ("row", "seg128", "tile128"):
@@ -72,11 +72,17 @@ def test_fp8_encode_dequantize_row_absmax_opcheck(device, backend):
                        dequantize_mxfp4_ref(MXFP4Tensor(codes, scales)))
 
 
-def test_pattern_statistics_and_signs_opcheck():
-    x = torch.randn(64, 96)
+# These three operators are the kernels alone (adahop.ops holds their references): they run where
+# the kernels do, CUDA tensors on a GPU machine and CPU ones under the interpreter.
+KERNEL_DEVICES = [d for d, b in CASES if b == "triton"]
+
+
+@pytest.mark.parametrize("device", KERNEL_DEVICES)
+def test_pattern_statistics_and_signs_opcheck(device):
+    x = torch.randn(64, 96, device=device)
     torch.library.opcheck(torch.ops.adahop.abs_median.default, (x,))
     torch.library.opcheck(torch.ops.adahop.scaled_mean_squares.default, (x, None, None))
-    torch.library.opcheck(torch.ops.adahop.random_signs.default, (96, 12345, torch.device("cpu"), torch.float32))
+    torch.library.opcheck(torch.ops.adahop.random_signs.default, (96, 12345, torch.device(device), torch.float32))
 
 
 def test_unknown_request_flags_and_layouts_are_refused():
