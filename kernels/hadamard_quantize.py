@@ -87,6 +87,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, FP8_GROUP, MXFP4Tensor, check_fp8_layout
 from adahop_kernels._common import (
@@ -103,6 +104,7 @@ from adahop_kernels._common import (
     to_fp32,
 )
 
+_POPC = tl.constexpr(not INTERPRETED)
 HADAMARD_SIZES = (16, 32, 64, 128)  # tl.dot needs ≥ 16; 128 keeps H within one tile
 SEED_LIMIT = 1 << 62  # the along-M stream sets bit 62 of the seed (in the kernel)
 FP8_IN_KERNEL = {None: 0, "row": 0, "seg128": 1, "tile128": 2}  # FP8 constexpr; "row" is re-encoded after
@@ -135,14 +137,18 @@ def _hadamard_pm1(HS: tl.constexpr):
     consecutive outputs, which the kernel packs without moving data between lanes. Entry (r, c) of
     H is (-1)^popcount(r & c). Made from indices, not loaded: a device tensor cached by the host
     would be allocated inside whatever CUDA-graph pool is recording at the first launch, and
-    overwritten by that pool's later allocations.
+    overwritten by that pool's later allocations. Its cost is per program: HS² entries against the
+    tile's values, a small share at HS = 32 (the recipes'), about one entry per value at HS = 128.
     """
     r = tl.arange(0, HS)[:, None]
     d = tl.arange(0, HS)[None, :]
     p = r & ((HS // 4) * ((d % 8) // 2) + 2 * (d // 8) + d % 2)
-    p = p ^ (p >> 4)  # parity of the 7 low bits (HS <= 128) folded into bit 0
-    p = p ^ (p >> 2)
-    p = p ^ (p >> 1)
+    if _POPC:
+        p = libdevice.popc(p)  # one instruction an entry: at HS = 128 the matrix has a value's worth
+    else:  # the interpreter has no popc: the parity of the 7 low bits (HS <= 128) folded into bit 0
+        p = p ^ (p >> 4)
+        p = p ^ (p >> 2)
+        p = p ^ (p >> 1)
     return (1 - 2 * (p & 1)).to(tl.float32)
 
 
