@@ -285,10 +285,10 @@ def compiled_against_eager(recipe: str, device: str, mode: str | None, config: L
         for name, (model, opt) in copies.items():
             if graphs and name == "compiled":
                 torch.compiler.cudagraph_mark_step_begin()
-            with _backend("reference" if name == "reference" else None), \
-                    torch.autocast(device, dtype=torch.bfloat16), warnings.catch_warnings():
+            with _backend("reference" if name == "reference" else None), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                loss = run[name](toks, toks)[1]
+                with torch.autocast(device, dtype=torch.bfloat16):  # as the trainer: backward outside it
+                    loss = run[name](toks, toks)[1]
                 loss.backward()
                 grads[name] = _grads(model)
                 opt.step()
