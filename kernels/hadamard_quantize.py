@@ -27,13 +27,14 @@ each orientation as MX blocks ``(blocks, 32)`` and for each:
    itself, scaled per 1×128 segment (A of ``torch._scaled_mm``) or 128×128 tile (Bᵀ): the scale
    2^(R-6) needs only the group's largest block exponent R, and the tile shapes are multiples of
    128 along the quantized dimension (and along the rows for tile128), so a program holds whole
-   groups. Four E4M3 bytes are built per 32-bit operation from the packed code words
-   (:func:`adahop_kernels._common.e4m3_words_of_code_words`); a group spanning > 11 binades takes
-   the code-by-code encoding. Exact whenever a group's block exponents span ≤ 14 binades;
-   :func:`adahop.formats.to_fp8_ref` says what happens beyond, bit for bit. ``fp8="row"`` needs
-   the whole row's R, which no tile holds (and the dual kernel's two orientations have different
-   rows), so it runs the rowwise re-encoding (:func:`adahop_kernels.fp8_reencode.fp8_reencode`)
-   on the just-written codes and scales.
+   groups. The rounded E2M1 value stays an fp32 number (the same rounding as the codes'), times
+   2^(e-R+6), and the GPU's own conversion writes the E4M3 bytes (two a ``cvt``): no code is formed
+   on the way. Exact whenever a group's block exponents span ≤ 14 binades; blocks further below R
+   are rounded to E4M3's subnormal step first (ties to even), which is what
+   :func:`adahop.formats.to_fp8_ref` does, bit for bit. ``fp8="row"`` needs the whole row's R,
+   which no tile holds (and the dual kernel's two orientations have different rows), so it runs the
+   rowwise re-encoding (:func:`adahop_kernels.fp8_reencode.fp8_reencode`) on the just-written
+   codes and scales.
 
 Why ``tl.dot`` and not a butterfly: the 32×32 product costs the tensor cores ~11% of their bf16
 rate at the copy bandwidth and no issue slots worth counting, whereas a five-stage butterfly
@@ -93,14 +94,11 @@ from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, FP8_GROUP, MXFP4Tensor, che
 from adahop_kernels._common import (
     INTERPRETED,
     check_device,
-    e4m3_bits_of_e2m1,
-    e4m3_words_fast,
     exp2_int,
     fitting_configs,
     flip_sign,
     group_broadcast,
     group_max,
-    pack_bytes,
     to_fp32,
 )
 
@@ -179,10 +177,16 @@ def _hadamard_sums(t, h, BR: tl.constexpr, BC: tl.constexpr, HS: tl.constexpr, D
 
 
 @triton.jit
+def _max_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _block_max_bits(s):
-    """Block max of |s| on the bit patterns ``(NB,)``: integer order is float order for |s|, and NaN
-    and Inf sort above every finite value, so the same max finds the bad blocks."""
-    return tl.max(s.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+    """Bit pattern of each block's max |s| ``(NB,)``: NaN where the block holds one (the max keeps
+    NaN), so NaN and Inf blocks are the patterns above the largest finite float. One float max a
+    value (|s| is an operand modifier)."""
+    return tl.reduce(tl.abs(s), 1, _max_nan).to(tl.int32, bitcast=True)
 
 
 @triton.jit
@@ -259,31 +263,38 @@ def _quantize_store(
         # Saturation would bias SR: a block whose scaled amax exceeds 6 takes the next scale.
         scale += (amax * exp2_int(127 - scale + pexp) > 6.0).to(tl.int32)
     inv_scale = exp2_int(127 - scale + pexp)
+    # q = s / √HS / 2^e, signed (rounding is symmetric, so |q| is what the reference rounds).
     if HADAMARD:
-        # |s| / √HS / 2^e rounded once: (c_hi + c_lo) 2^-e is exact, the fma keeps ~48 bits.
-        q = tl.fma(tl.abs(s), (c_hi * inv_scale)[:, None], tl.abs(s) * (c_lo * inv_scale)[:, None])
+        # (c_hi + c_lo) 2^-e is exact and the fma keeps ~48 bits: one rounding of s / √HS / 2^e.
+        q = tl.fma(s, (c_hi * inv_scale)[:, None], s * (c_lo * inv_scale)[:, None])
     else:
-        q = tl.abs(s) * inv_scale[:, None]
+        q = s * inv_scale[:, None]
     # E2M1 grid step is 2^(e-1) in binade [2^e, 2^(e+1)), 0.5 below 1; E = that binade's exponent bits.
-    e_bits = tl.maximum(q.to(tl.int32, bitcast=True) & 0x7F800000, 0x3F800000)
+    q_exp = q.to(tl.int32, bitcast=True) & 0x7F800000
     if SR:
-        steps = q * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)  # q / step, exact, in [0, 4)
-        # floor(steps + u): up with probability frac(steps), to within 2^-16 (the draws' grid; the
-        # fp32 sum's rounding adds at most 2^-21). The 1 of 1 + u comes off below.
-        n = (steps + _uniform_blocks(seed, rows, cblk, n_cols, NB)).to(tl.int32) - 1
+        e_bits = tl.maximum(q_exp, 0x3F800000)
+        # floor(|q| / step + u): up with probability frac(|q| / step), to within 2^-16 (the draws'
+        # grid; the fp32 sum's rounding adds at most 2^-21). The draws are 1 + u: fl is one more
+        # than the steps kept. |q| / step is exact (a power of two) and below 4.
+        fl = tl.floor(tl.abs(q) * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)
+                      + _uniform_blocks(seed, rows, cblk, n_cols, NB))
     else:
-        # Adding 1.5 · 2^23 · step rounds q to a multiple of step, ties to even; the integer
-        # difference of the bit patterns is the number of steps.
-        magic = e_bits + 0x0B400000
-        n = (q + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
-    # Binades 2^0, 2^1, 2^2 start at codes 2·(e - 127) = 0, 2, 4; 7 is 6.0 (saturation). The sign
-    # bit goes on every code here; a "-0" (code 8) is cleared per word below.
-    code = tl.minimum(n + (e_bits >> 22) - 254, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
+        # Adding 1.5 · 2^23 · step rounds to a multiple of step, ties to even, for either sign
+        # (0x0B400000 adds 22 to the exponent, and 0.5 to the significand).
+        magic = tl.maximum(q_exp + 0x0B400000, 0x3F800000 + 0x0B400000)
+        e_bits = magic - 0x0B400000
 
-    # Pairs of neighbouring codes, the first level of both packings below.
-    lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
     if PACKED:
+        # The code: steps kept, plus the binade's first code (2^0, 2^1, 2^2 start at 0, 2, 4); 7 is
+        # 6.0 (saturation). The sign bit goes on every code here; a "-0" is cleared per word below.
+        if SR:
+            n = fl.to(tl.int32) - 1
+        else:
+            # The integer difference of the bit patterns is the number of steps.
+            n = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
+        code = tl.minimum(n + (e_bits >> 22) - 254, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
         # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+        lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
         w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
         w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
         words = w_lo | (w_hi << 16)
@@ -295,31 +306,32 @@ def _quantize_store(
         tl.store(scales_ptr + rows * (n_cols // 32) + cblk, tl.where(bad, 255, scale).to(tl.uint8), mask=ok)
     if FP8 != 0:
         # The FP8 operand of DESIGN §3 per 128-group (1×128 segments, FP8 == 1, or 128×128 tiles,
-        # FP8 == 2), which lie whole in this tile: R = the group's largest finite block exponent.
+        # FP8 == 2), which lie whole in this tile: R = the group's largest finite block exponent, and
+        # each value is its E2M1 value times 2^(e - R + 6), exact in E4M3 for blocks at most 14
+        # binades below R. The E2M1 value is kept as an fp32 number (a multiple of its step, ±6 at
+        # most), so that the GPU's own conversion writes the byte: no E2M1 code is formed.
         GR: tl.constexpr = 1 if FP8 == 1 else 128
         e = tl.where(bad, -127, scale - 127)
         r = group_max(tl.reshape(e, (BR, SB)), BR, SB, GR, 4)  # (BR // GR, BC // 128)
-        t_off = e - tl.reshape(group_broadcast(r, BR, SB, GR, 4), (NB,)) + 14  # as in e4m3_bits_of_e2m1
-        # Four codes a 32-bit word, one a byte, by the same pairing as the packed codes (a word-level
-        # shuffle of the packed words would leave Triton's layouts replicated across lanes), with
-        # "-0" cleared per byte as above; then four E4M3 bytes per 32-bit operation.
-        b_lo, b_hi = tl.split(tl.reshape(lo | (hi << 8), (NB, 8, 2)))
-        quads = b_lo | (b_hi << 16)
-        quads = quads & (((quads & 0x07070707) + 0x07070707) | 0x07070707)
-        # Each word's t (NaN blocks: a sentinel below any t) through the same pairing, so that it
-        # arrives in the words' layout instead of taking them into the blocks' one.
-        tq = tl.broadcast_to(tl.where(bad, -1024, t_off)[:, None], (NB, 32))
-        tq, _ = tl.split(tl.reshape(tq, (NB, 16, 2)))
-        tq, _ = tl.split(tl.reshape(tq, (NB, 8, 2)))
-        f8 = tl.where(tq < -512, 0x7F7F7F7F, e4m3_words_fast(quads, tq))  # a NaN block is E4M3 NaN, as in the reference
-        # Byte-wise encoding holds where t >= 3; a nonzero block further below its group's R (a
-        # group spanning > 11 binades) takes the code-by-code encoding.
-        general = (t_off < 3) & (m_bits != 0) & ~bad
-        if tl.max(general.to(tl.int32)) != 0:
-            each = e4m3_bits_of_e2m1(tl.where((code & 7) == 0, 0, code), t_off[:, None])
-            f8 = tl.where(general[:, None], pack_bytes(each, NB, 32), f8)
-        tl.store(fp8_ptr.to(tl.pointer_type(tl.int32)) + (rows * (n_cols // 4) + cblk * 8)[:, None]
-                 + tl.arange(0, 8)[None, :], f8, mask=ok[:, None])
+        t_off = e - tl.reshape(group_broadcast(r, BR, SB, GR, 4), (NB,)) + 14  # 2^(t_off - 8) = 2^(e - R + 6)
+        if SR:
+            # (fl - 1) · step with q's sign: +0 where no step is kept (x - x is +0), as a code "-0" is.
+            step = ((e_bits - 0x00800000) | (s.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True)
+            v = fl * step - step
+        else:
+            mf = magic.to(tl.float32, bitcast=True)
+            v = tl.minimum(tl.maximum((q + mf) - mf, -6.0), 6.0)
+        v = v * exp2_int(t_off - 8)[:, None]
+        # Blocks more than 14 binades below R (rare) lie below E4M3's subnormal step 2^-9: round their
+        # values to it here, ties to even, sign kept, so that the conversion below is exact everywhere
+        # (the interpreter's conversion does not round).
+        if tl.min(tl.where(bad, 0, t_off)) < 0:
+            sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)  # 1.5 · 2^14: a step of 2^-9
+            v = tl.where((t_off < 0)[:, None], (sub | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True), v)
+        f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        if tl.max(bad.to(tl.int32)) != 0:  # rare: a NaN block is E4M3 NaN, as in the reference
+            f8 = tl.where(bad[:, None], 0x7F, f8)
+        tl.store(fp8_ptr + (rows * n_cols + cblk * 32)[:, None] + tl.arange(0, 32)[None, :], f8, mask=ok[:, None])
         g = col0 // 128 + tl.arange(0, BC // 128)
         if FP8 == 1:
             # (n_cols/128, n_rows) contiguous: the (rows, n/128) scale with strides (1, rows) of A.
