@@ -102,7 +102,7 @@ from adahop_kernels._common import (
     to_fp32,
 )
 
-_POPC = tl.constexpr(not INTERPRETED)
+_GPU_ONLY = tl.constexpr(not INTERPRETED)  # instructions the interpreter lacks or runs slowly (popc, a NaN-keeping max)
 HADAMARD_SIZES = (16, 32, 64, 128)  # tl.dot needs ≥ 16; 128 keeps H within one tile
 SEED_LIMIT = 1 << 62  # the along-M stream sets bit 62 of the seed (in the kernel)
 FP8_IN_KERNEL = {None: 0, "row": 0, "seg128": 1, "tile128": 2}  # FP8 constexpr; "row" is re-encoded after
@@ -141,7 +141,7 @@ def _hadamard_pm1(HS: tl.constexpr):
     r = tl.arange(0, HS)[:, None]
     d = tl.arange(0, HS)[None, :]
     p = r & ((HS // 4) * ((d % 8) // 2) + 2 * (d // 8) + d % 2)
-    if _POPC:
+    if _GPU_ONLY:
         p = libdevice.popc(p)  # one instruction an entry: at HS = 128 the matrix has a value's worth
     else:  # the interpreter has no popc: the parity of the 7 low bits (HS <= 128) folded into bit 0
         p = p ^ (p >> 4)
@@ -183,10 +183,13 @@ def _max_nan(a, b):
 
 @triton.jit
 def _block_max_bits(s):
-    """Bit pattern of each block's max |s| ``(NB,)``: NaN where the block holds one (the max keeps
-    NaN), so NaN and Inf blocks are the patterns above the largest finite float. One float max a
-    value (|s| is an operand modifier)."""
-    return tl.reduce(tl.abs(s), 1, _max_nan).to(tl.int32, bitcast=True)
+    """Bit pattern of each block's max |s| ``(NB,)``: NaN where the block holds one, so NaN and Inf
+    blocks are the patterns above the largest finite float. On the GPU a NaN-keeping float max, one
+    instruction a value (|s| is an operand modifier); the interpreter, whose reduction calls a
+    Python combine function pair by pair, takes the integer max of the patterns (the same order)."""
+    if _GPU_ONLY:
+        return tl.reduce(tl.abs(s), 1, _max_nan).to(tl.int32, bitcast=True)
+    return tl.max(s.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
 
 
 @triton.jit
@@ -354,14 +357,8 @@ def _hadamard_quantize_kernel(
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
     FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
     HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    PERSISTENT: tl.constexpr,
 ):
-    m0 = tl.program_id(0) * BLOCK_M
-    k0 = tl.program_id(1) * BLOCK_K
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
-    # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
-    x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
     if SR:
         # A device tensor, so that a new seed every step neither recompiles nor syncs; the along-M
         # orientation draws from the stream with bit 62 set.
@@ -370,6 +367,57 @@ def _hadamard_quantize_kernel(
     else:
         seed = 0
         seed_t = 0
+    if PERSISTENT:
+        # A few programs an SM, each walking tiles pid, pid + programs, ...: the next tile's load is
+        # issued before this one's work, so its latency hides behind it (one tile a program leaves
+        # the SM's memory pipe idle while its few resident programs compute).
+        pid = tl.program_id(0)
+        programs = tl.num_programs(0)
+        tiles_k = tl.cdiv(K, BLOCK_K)
+        x = _load_tile(x_ptr, stride_m, stride_k, M, K, (pid // tiles_k) * BLOCK_M, (pid % tiles_k) * BLOCK_K,
+                       BLOCK_M, BLOCK_K)
+        for tile in range(pid, tl.cdiv(M, BLOCK_M) * tiles_k, programs):
+            nxt = tile + programs  # past the last tile: m0 >= M, so the load is all masked
+            x_next = _load_tile(x_ptr, stride_m, stride_k, M, K, (nxt // tiles_k) * BLOCK_M, (nxt % tiles_k) * BLOCK_K,
+                                BLOCK_M, BLOCK_K)
+            _quantize_tile(
+                x, x_ptr, stride_m, stride_k, M, K, (tile // tiles_k) * BLOCK_M, (tile % tiles_k) * BLOCK_K,
+                codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
+                codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed, seed_t, c_hi, c_lo,
+                ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS, HAS_SIGNS_T, PACKED, PACKED_T, FP8, FP8_T, AMAX, AMAX_T,
+                HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
+            x = x_next
+    else:
+        m0 = tl.program_id(0) * BLOCK_M
+        k0 = tl.program_id(1) * BLOCK_K
+        _quantize_tile(
+            _load_tile(x_ptr, stride_m, stride_k, M, K, m0, k0, BLOCK_M, BLOCK_K), x_ptr, stride_m, stride_k, M, K, m0, k0,
+            codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
+            codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed, seed_t, c_hi, c_lo,
+            ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS, HAS_SIGNS_T, PACKED, PACKED_T, FP8, FP8_T, AMAX, AMAX_T,
+            HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
+
+
+@triton.jit
+def _load_tile(x_ptr, stride_m, stride_k, M, K, m0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
+    # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
+    return tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _quantize_tile(
+    x, x_ptr, stride_m, stride_k, M, K, m0, k0,
+    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
+    codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed, seed_t, c_hi, c_lo,
+    ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
+    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
+    FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
+    HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Both requested orientations of the tile ``x`` at (m0, k0)."""
     if ALONG_K:
         _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
                         c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
@@ -404,7 +452,7 @@ def _config_fits(config: triton.Config, kw: dict) -> bool:
 # it keeps the dual SR launch off local memory (104 registers a thread on the sm_90 SASS, against
 # 255 and spills at 8 warps).
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w)
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "PERSISTENT": 0}, num_warps=w)
     for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
                       (128, 128, 8), (128, 128, 16))
 ]
@@ -426,11 +474,40 @@ def _scale_split(size: int) -> tuple[float, float]:
     return hi, float(torch.tensor(c - hi, dtype=torch.float64).float())
 
 
+# Under the interpreter, programs that each walk this many tiles (None: a program a tile): the tests
+# set it to run the persistent launch on a CPU.
+INTERPRETER_TILES_PER_PROGRAM: int | None = None
+
+
 def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
-    """Few, large programs: the interpreter's cost grows with the program count, not the tile size."""
+    """Few, large programs: the interpreter's cost grows with the program count, not the tile size
+    (or the smallest tiles, walked by persistent programs, where the tests ask for that)."""
+    if INTERPRETER_TILES_PER_PROGRAM:
+        return {"BLOCK_M": unit_m, "BLOCK_K": unit_k, "PERSISTENT": INTERPRETER_TILES_PER_PROGRAM}
     block_k = max(unit_k, min(2048, triton.next_power_of_2(k)))
     block_m = max(unit_m, min(65536 // block_k, triton.next_power_of_2(m)))
-    return {"BLOCK_M": block_m, "BLOCK_K": block_k}
+    return {"BLOCK_M": block_m, "BLOCK_K": block_k, "PERSISTENT": 0}
+
+
+@functools.lru_cache(maxsize=None)
+def _programs_per_wave(device: torch.device) -> int:
+    """Programs of one persistent wave: one an SM on a GPU (times the config's PERSISTENT); one under
+    the interpreter, whose PERSISTENT is the tiles a program walks."""
+    return 1 if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _grid(m: int, k: int, device: torch.device):
+    """The launch grid for a config: a program a tile (2-D), or PERSISTENT programs a wave (1-D)."""
+
+    def grid(meta: dict) -> tuple[int, ...]:
+        tiles_m, tiles_k = triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"])
+        if not meta["PERSISTENT"]:
+            return tiles_m, tiles_k
+        if INTERPRETED:
+            return (triton.cdiv(tiles_m * tiles_k, meta["PERSISTENT"]),)
+        return (min(tiles_m * tiles_k, meta["PERSISTENT"] * _programs_per_wave(device)),)
+
+    return grid
 
 
 class Side(NamedTuple):
@@ -630,10 +707,9 @@ def quantize(
         if INTERPRETED:
             unit_m, unit_k = _tile_units(flags)
             blocks = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
-            grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
-            _hadamard_quantize_kernel[grid](**args, **blocks)
+            _hadamard_quantize_kernel[_grid(m, k, x.device)(blocks)](**args, **blocks)
         else:
-            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
+            _tuned_kernel[_grid(m, k, x.device)](**args)
     return _side_out(along_k, out_k), _side_out(along_m, out_m)
 
 

@@ -61,3 +61,28 @@ def test_kernel_ab_refuses_a_missing_baseline_and_unknown_shapes(tmp_path, capsy
     with pytest.raises(SystemExit):
         ab.main(["--baseline", str(base), "--out", str(tmp_path / "x.json"), "--shapes", "huge"])
     assert "--shapes: unknown ['huge']" in capsys.readouterr().err
+
+
+def test_quantize_sweep_refuses_without_a_gpu_and_unknown_shapes(tmp_path, capsys, monkeypatch):
+    import torch
+
+    sweep = load("quantize_sweep")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        sweep.main(["--out", str(tmp_path / "x.json")])
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(SystemExit):
+        sweep.main(["--out", str(tmp_path / "x.json"), "--shapes", "huge"])
+    assert "--shapes: unknown ['huge']" in capsys.readouterr().err
+
+
+def test_quantize_sweep_candidates_fit_some_layer_step():
+    # Every candidate config must be timed at one step at least (a config no step can use is a typo).
+    sweep = load("quantize_sweep")
+    import triton
+
+    steps = [sweep.tile_flags(k, m) for _, k, m, _, _ in sweep.LAYER_STEPS]
+    for bm, bk, warps, maxnreg, persistent in sweep.CANDIDATES:
+        config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "PERSISTENT": persistent}, num_warps=warps, maxnreg=maxnreg)
+        assert any(sweep.hq._config_fits(config, flags) for flags in steps), (bm, bk)
