@@ -45,9 +45,11 @@ Random bits for SR are a function of (seed, orientation, output row, output colu
 tile shape (autotuned) never changes the result, and a dual call equals two single calls bit for
 bit. The seed is an int64 device tensor the kernel loads (an int is put into one), so a new seed
 every step neither recompiles nor synchronises under ``torch.compile``; the along-M orientation
-draws from Philox key ``seed | 2**62``. Each value takes 16 random bits (one Philox call per eight
-values): rounding up has probability frac(x / step) to within 2^-16, against the quantization
-error's own spread of ~0.29 step, for half the random bits' instructions of 32-bit draws.
+draws with bit 62 of the seed set. The bits come from the pcg4d hash of (column group, row, seed's
+two halves): 128 bits for 16 integer operations, where Philox-4x32-10 took about 60 (the SR steps'
+largest share of instructions: the dual SR step's sm_90 count fell from 2.19 to 1.79
+warp-instructions a value). Each value takes 16 of them: rounding up has probability
+frac(x / step) to within 2^-16, against the quantization error's own spread of ~0.29 step.
 
 Throughput (measured on the H200 by ``tests/bench/test_bench_quantize.py``, figures in
 ``results/microbench/gpu/``). Minimal bytes per value with bf16 input: read 2; write per
@@ -113,14 +115,41 @@ PRESCALE_UP = tl.constexpr(2.0**8)
 
 
 @triton.jit
-def _uniform_blocks(seed, rows, cblk, n_cols, NB: tl.constexpr):
+def _pcg4d(x, y, z, w):
+    """The pcg4d hash (Jarzynski & Olano, "Hash Functions for GPU Rendering", JCGT 2020): four
+    uint32 words in, four out, each a function of all inputs; 16 integer operations for 128 bits,
+    where ten Philox rounds take about 60."""
+    x = x * 1664525 + 1013904223
+    y = y * 1664525 + 1013904223
+    z = z * 1664525 + 1013904223
+    w = w * 1664525 + 1013904223
+    x += y * w
+    y += z * x
+    z += x * y
+    w += y * z
+    x ^= x >> 16
+    y ^= y >> 16
+    z ^= z >> 16
+    w ^= w >> 16
+    x += y * w
+    y += z * x
+    z += x * y
+    w += y * z
+    return x, y, z, w
+
+
+@triton.jit
+def _uniform_blocks(seed, rows, cblk, NB: tl.constexpr):
     """``(NB, 32)`` fp32 ``1 + u`` with u uniform on the 16-bit grid of [0, 1), for the MX blocks at
-    (``rows``, ``cblk``) of an ``n_cols``-wide operand."""
-    # One Philox call gives four 32-bit draws, two 16-bit ones each: call c of a row feeds its
-    # elements 8c..8c+7. The 16 bits go to the top of an fp32 mantissa over the exponent of 1.
-    calls = (rows.to(tl.int64) * (n_cols // 8) + cblk * 4)[:, None] + tl.arange(0, 4)[None, :]
-    r0, r1, r2, r3 = tl.randint4x(seed, calls)
-    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 16))
+    (``rows``, ``cblk``): a function of (seed, row, column) alone."""
+    # One hash gives four 32-bit draws, two 16-bit ones each: call c of a row (its x) feeds the
+    # row's elements 8c..8c+7; the row is y, the 64-bit seed z and w. The 16 bits go to the top of
+    # an fp32 mantissa over the exponent of 1.
+    calls = (cblk * 4)[:, None] + tl.arange(0, 4)[None, :]
+    r0, r1, r2, r3 = _pcg4d(calls.to(tl.uint32), tl.broadcast_to(rows.to(tl.uint32)[:, None], (NB, 4)),
+                            tl.full((NB, 4), 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32),
+                            tl.full((NB, 4), 0, tl.uint32) + (seed >> 32).to(tl.uint32))
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 16)).to(tl.int32, bitcast=True)
     lo = ((w << 7) & 0x7FFF80) | 0x3F800000
     hi = ((w >> 9) & 0x7FFF80) | 0x3F800000
     return tl.reshape(tl.join(lo, hi), (NB, 32)).to(tl.float32, bitcast=True)
@@ -280,7 +309,7 @@ def _quantize_store(
         # grid; the fp32 sum's rounding adds at most 2^-21). The draws are 1 + u: fl is one more
         # than the steps kept. |q| / step is exact (a power of two) and below 4.
         fl = tl.floor(tl.abs(q) * (0x7F800000 - e_bits).to(tl.float32, bitcast=True)
-                      + _uniform_blocks(seed, rows, cblk, n_cols, NB))
+                      + _uniform_blocks(seed, rows, cblk, NB))
     else:
         # Adding 1.5 · 2^23 · step rounds to a multiple of step, ties to even, for either sign
         # (0x0B400000 adds 22 to the exponent, and 0.5 to the significand).
@@ -357,8 +386,14 @@ def _hadamard_quantize_kernel(
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
     FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
     HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    PERSISTENT: tl.constexpr,
 ):
+    m0 = tl.program_id(0) * BLOCK_M
+    k0 = tl.program_id(1) * BLOCK_K
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
+    # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
+    x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
     if SR:
         # A device tensor, so that a new seed every step neither recompiles nor syncs; the along-M
         # orientation draws from the stream with bit 62 set.
@@ -367,57 +402,6 @@ def _hadamard_quantize_kernel(
     else:
         seed = 0
         seed_t = 0
-    if PERSISTENT:
-        # A few programs an SM, each walking tiles pid, pid + programs, ...: the next tile's load is
-        # issued before this one's work, so its latency hides behind it (one tile a program leaves
-        # the SM's memory pipe idle while its few resident programs compute).
-        pid = tl.program_id(0)
-        programs = tl.num_programs(0)
-        tiles_k = tl.cdiv(K, BLOCK_K)
-        x = _load_tile(x_ptr, stride_m, stride_k, M, K, (pid // tiles_k) * BLOCK_M, (pid % tiles_k) * BLOCK_K,
-                       BLOCK_M, BLOCK_K)
-        for tile in range(pid, tl.cdiv(M, BLOCK_M) * tiles_k, programs):
-            nxt = tile + programs  # past the last tile: m0 >= M, so the load is all masked
-            x_next = _load_tile(x_ptr, stride_m, stride_k, M, K, (nxt // tiles_k) * BLOCK_M, (nxt % tiles_k) * BLOCK_K,
-                                BLOCK_M, BLOCK_K)
-            _quantize_tile(
-                x, x_ptr, stride_m, stride_k, M, K, (tile // tiles_k) * BLOCK_M, (tile % tiles_k) * BLOCK_K,
-                codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
-                codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed, seed_t, c_hi, c_lo,
-                ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS, HAS_SIGNS_T, PACKED, PACKED_T, FP8, FP8_T, AMAX, AMAX_T,
-                HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
-            x = x_next
-    else:
-        m0 = tl.program_id(0) * BLOCK_M
-        k0 = tl.program_id(1) * BLOCK_K
-        _quantize_tile(
-            _load_tile(x_ptr, stride_m, stride_k, M, K, m0, k0, BLOCK_M, BLOCK_K), x_ptr, stride_m, stride_k, M, K, m0, k0,
-            codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
-            codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed, seed_t, c_hi, c_lo,
-            ALONG_K, ALONG_M, HADAMARD, HADAMARD_T, HAS_SIGNS, HAS_SIGNS_T, PACKED, PACKED_T, FP8, FP8_T, AMAX, AMAX_T,
-            HS, SR, DOT_FP32, BLOCK_M, BLOCK_K)
-
-
-@triton.jit
-def _load_tile(x_ptr, stride_m, stride_k, M, K, m0, k0, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
-    # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
-    return tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _quantize_tile(
-    x, x_ptr, stride_m, stride_k, M, K, m0, k0,
-    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
-    codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed, seed_t, c_hi, c_lo,
-    ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
-    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
-    FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
-    HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-):
-    """Both requested orientations of the tile ``x`` at (m0, k0)."""
     if ALONG_K:
         _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed,
                         c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX)
@@ -449,12 +433,17 @@ def _config_fits(config: triton.Config, kw: dict) -> bool:
 # 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
 # along K for one orientation, square-ish for the transposing ones, 128-multiples for the FP8
 # groups. Pruned to what the flags need (_config_fits); 128×128 fits every launch, and at 16 warps
-# it keeps the dual SR launch off local memory (104 registers a thread on the sm_90 SASS, against
-# 255 and spills at 8 warps).
+# it keeps the dual SR launch off local memory. Two carry a register cap, each a measured gain at
+# the layer's steps (scripts/quantize_sweep.py; quantize-sweep in results/microbench/gpu/history/):
+# 32×128 at 4 warps capped at 80 (more programs an SM) for X, 1.07x the best uncapped config;
+# 128×128 at 8 warps capped at 128 (two programs an SM) for W, 1.13-1.14x. No tile or cap brought
+# a step past 0.29 of copy, and persistent programs walking tiles (the next tile's load in flight)
+# ran at 0.46-0.82x the best config.
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "PERSISTENT": 0}, num_warps=w)
-    for bm, bk, w in ((16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 256, 8), (64, 64, 4), (64, 128, 4), (128, 64, 4),
-                      (128, 128, 8), (128, 128, 16))
+    triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, maxnreg=cap)
+    for bm, bk, w, cap in ((16, 256, 4, None), (32, 128, 4, 80), (32, 256, 4, None), (64, 256, 8, None),
+                           (64, 64, 4, None), (64, 128, 4, None), (128, 64, 4, None), (128, 128, 8, 128),
+                           (128, 128, 16, None))
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
@@ -474,40 +463,11 @@ def _scale_split(size: int) -> tuple[float, float]:
     return hi, float(torch.tensor(c - hi, dtype=torch.float64).float())
 
 
-# Under the interpreter, programs that each walk this many tiles (None: a program a tile): the tests
-# set it to run the persistent launch on a CPU.
-INTERPRETER_TILES_PER_PROGRAM: int | None = None
-
-
 def _interpreter_blocks(m: int, k: int, unit_m: int, unit_k: int) -> dict:
-    """Few, large programs: the interpreter's cost grows with the program count, not the tile size
-    (or the smallest tiles, walked by persistent programs, where the tests ask for that)."""
-    if INTERPRETER_TILES_PER_PROGRAM:
-        return {"BLOCK_M": unit_m, "BLOCK_K": unit_k, "PERSISTENT": INTERPRETER_TILES_PER_PROGRAM}
+    """Few, large programs: the interpreter's cost grows with the program count, not the tile size."""
     block_k = max(unit_k, min(2048, triton.next_power_of_2(k)))
     block_m = max(unit_m, min(65536 // block_k, triton.next_power_of_2(m)))
-    return {"BLOCK_M": block_m, "BLOCK_K": block_k, "PERSISTENT": 0}
-
-
-@functools.lru_cache(maxsize=None)
-def _programs_per_wave(device: torch.device) -> int:
-    """Programs of one persistent wave: one an SM on a GPU (times the config's PERSISTENT); one under
-    the interpreter, whose PERSISTENT is the tiles a program walks."""
-    return 1 if INTERPRETED else torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _grid(m: int, k: int, device: torch.device):
-    """The launch grid for a config: a program a tile (2-D), or PERSISTENT programs a wave (1-D)."""
-
-    def grid(meta: dict) -> tuple[int, ...]:
-        tiles_m, tiles_k = triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"])
-        if not meta["PERSISTENT"]:
-            return tiles_m, tiles_k
-        if INTERPRETED:
-            return (triton.cdiv(tiles_m * tiles_k, meta["PERSISTENT"]),)
-        return (min(tiles_m * tiles_k, meta["PERSISTENT"] * _programs_per_wave(device)),)
-
-    return grid
+    return {"BLOCK_M": block_m, "BLOCK_K": block_k}
 
 
 class Side(NamedTuple):
@@ -707,9 +667,10 @@ def quantize(
         if INTERPRETED:
             unit_m, unit_k = _tile_units(flags)
             blocks = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
-            _hadamard_quantize_kernel[_grid(m, k, x.device)(blocks)](**args, **blocks)
+            grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
+            _hadamard_quantize_kernel[grid](**args, **blocks)
         else:
-            _tuned_kernel[_grid(m, k, x.device)](**args)
+            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
     return _side_out(along_k, out_k), _side_out(along_m, out_m)
 
 

@@ -4,8 +4,7 @@
 
 For choosing the autotuner's candidates (``_GPU_CONFIGS`` in ``kernels/hadamard_quantize.py``): the
 steps of ``tests/bench/test_bench_quantize.py`` (X in the forward, W, dY in the backward with SR),
-each with every config of :data:`CANDIDATES` that fits it, one at a time (tile, warps, register cap,
-persistent programs an SM). A record per step, shape and config: GB/s (minimal bytes over the median
+each with every config of :data:`CANDIDATES` that fits it, one at a time (tile, warps, register cap). A record per step, shape and config: GB/s (minimal bytes over the median
 of ``triton.testing.do_bench``), its ratio to the copy bandwidth measured in the same run, and
 whether it wrote the same bytes as the first config (it must: the results do not depend on the
 config).
@@ -29,13 +28,12 @@ import adahop_kernels.hadamard_quantize as hq  # noqa: E402
 
 SHAPES = {"llama3.2-1b-hidden-16k": (16384, 2048), "llama3.2-1b-mlp-16k": (16384, 8192),
           "ours-125m-hidden-64k": (65536, 768)}
-# (BLOCK_M, BLOCK_K, warps, register cap or None, persistent programs an SM or 0)
+# (BLOCK_M, BLOCK_K, warps, register cap or None)
 CANDIDATES = [
-    (32, 128, 4, None, 0), (32, 128, 4, 128, 0), (32, 128, 4, 96, 0), (32, 128, 4, 80, 0),
-    (32, 128, 4, None, 2), (32, 128, 4, 128, 4), (32, 128, 4, 96, 5), (32, 256, 8, None, 0), (64, 128, 4, None, 0),
-    (64, 128, 8, 128, 2),
-    (128, 128, 16, None, 0), (128, 128, 16, 64, 0), (128, 128, 8, None, 0), (128, 128, 8, 128, 0),
-    (128, 128, 16, None, 1), (128, 128, 16, 64, 2), (128, 128, 8, 128, 2), (128, 128, 32, None, 0),
+    (32, 128, 4, None), (32, 128, 4, 128), (32, 128, 4, 96), (32, 128, 4, 80), (32, 128, 4, 64),
+    (32, 256, 8, None), (64, 128, 4, None), (64, 128, 4, 96),
+    (128, 128, 16, None), (128, 128, 16, 64), (128, 128, 8, None), (128, 128, 8, 128), (128, 128, 8, 96),
+    (128, 128, 32, None),
 ]
 
 
@@ -75,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         for step, along_k, along_m, rounding, _ in LAYER_STEPS:
             work = layer_step_bytes(rows, cols, x.element_size(), (along_k, along_m))
             first = None
-            for bm, bk, warps, maxnreg, persistent in CANDIDATES:
-                config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "PERSISTENT": persistent}, num_warps=warps,
-                                       maxnreg=maxnreg)
+            for bm, bk, warps, maxnreg in CANDIDATES:
+                config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=warps, maxnreg=maxnreg)
                 if not hq._config_fits(config, tile_flags(along_k, along_m)):
                     continue
                 tuner.configs, tuner.cache = [config], {}
@@ -90,13 +87,12 @@ def main(argv: list[str] | None = None) -> int:
                     "test": f"{step}[{shape_name}]", "op": f"quantize step {step} rounding={rounding}",
                     "shape": [rows, cols], "figure": gbps, "unit": "GB/s", "ceiling_name": "copy", "ceiling": copy,
                     "ratio": gbps / copy, "median_s": ms * 1e-3,
-                    "config": {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": warps, "maxnreg": maxnreg,
-                               "persistent_per_sm": persistent},
+                    "config": {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": warps, "maxnreg": maxnreg},
                     "same_bytes": all(torch.equal(a, b) for a, b in zip(got, first)),
                     "timer": "triton.testing.do_bench",
                 }
                 records.append(record)
-                print(f"{record['test']:36s} {bm:3d}x{bk:3d} w{warps:2d} reg {maxnreg} p{persistent}: "
+                print(f"{record['test']:36s} {bm:3d}x{bk:3d} w{warps:2d} reg {maxnreg}: "
                       f"{gbps:6.0f} GB/s ({record['ratio']:.2f} of copy) same {record['same_bytes']}", flush=True)
             write_results(args.out, records, config={"shapes": shapes, "candidates": CANDIDATES}, device=x.device)
     for test in dict.fromkeys(r["test"] for r in records):

@@ -63,7 +63,7 @@ def sass_per_value(fn, args: dict, num_warps: int, values: int, path: str = "/tm
 def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flags) -> tuple[float, int]:
     constexprs = dict(ALONG_K=True, ALONG_M=False, HADAMARD=True, HADAMARD_T=False, HAS_SIGNS=False,
                       HAS_SIGNS_T=False, PACKED=True, PACKED_T=True, FP8=0, FP8_T=0, AMAX=False, AMAX_T=False,
-                      HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k, PERSISTENT=0)
+                      HS=32, SR=False, DOT_FP32=False, BLOCK_M=block_m, BLOCK_K=block_k)
     constexprs.update(flags)
     side = {"codes_ptr": "*u8", "scales_ptr": "*u8", "fp8_ptr": "*u8", "fp8_scale_ptr": "*fp32",
             "amax_ptr": "*i32", "signs_ptr": "*fp32"}

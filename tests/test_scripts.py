@@ -83,6 +83,6 @@ def test_quantize_sweep_candidates_fit_some_layer_step():
     import triton
 
     steps = [sweep.tile_flags(k, m) for _, k, m, _, _ in sweep.LAYER_STEPS]
-    for bm, bk, warps, maxnreg, persistent in sweep.CANDIDATES:
-        config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk, "PERSISTENT": persistent}, num_warps=warps, maxnreg=maxnreg)
+    for bm, bk, warps, maxnreg in sweep.CANDIDATES:
+        config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=warps, maxnreg=maxnreg)
         assert any(sweep.hq._config_fits(config, flags) for flags in steps), (bm, bk)

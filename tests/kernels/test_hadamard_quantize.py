@@ -289,7 +289,7 @@ def test_sr_draws_depend_on_seed_and_position_only(device, monkeypatch):
     assert_same(hadamard_quantize(x, rounding="sr", seed=11), a)
     assert not torch.equal(hadamard_quantize(x, rounding="sr", seed=12).codes, a.codes)
     if device == "cpu":  # another tile shape must give the same bytes
-        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 32, "BLOCK_K": 64, "PERSISTENT": 0})
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 32, "BLOCK_K": 64})
         assert_same(hadamard_quantize(x, rounding="sr", seed=11), a)
 
 
@@ -349,7 +349,7 @@ def test_programs_of_several_tiles_match_reference(rows, device, monkeypatch):
     # 32-row tiles over several programs: 200 rows end in a partial tile (masked rows), 224 in a
     # whole one.
     if device == "cpu":
-        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 32, "BLOCK_K": 64, "PERSISTENT": 0})
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 32, "BLOCK_K": 64})
     x = exact_transform_input(rows, 128, rows)
     assert_same(hadamard_quantize(x.to(device), hadamard=False), quantize_mxfp4_ref(x))
     assert_same(hadamard_quantize(x.to(device)), ops.hadamard_quantize_ref(x))
@@ -620,7 +620,7 @@ def test_results_do_not_depend_on_the_tile_shape(device, monkeypatch):
     sides = (Side(True, None, fp8="tile128", amax=True), Side(True, None, fp8="seg128", amax=True))
     a = quantize(x, *sides, rounding="sr", seed=4)
     if device == "cpu":
-        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 128, "BLOCK_K": 128, "PERSISTENT": 0})
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 128, "BLOCK_K": 128})
     b = quantize(x, *sides, rounding="sr", seed=4)
     for oa, ob in zip(a, b):
         for name in SideOut_FIELDS:
@@ -629,38 +629,11 @@ def test_results_do_not_depend_on_the_tile_shape(device, monkeypatch):
                                gb.view(torch.uint8) if gb.dtype == torch.float8_e4m3fn else gb), name
 
 
-@pytest.mark.parametrize("rounding", ["rne", "sr"])
-def test_persistent_programs_walking_tiles_equal_a_program_a_tile(device, monkeypatch, rounding):
-    # A persistent launch (each program walks several tiles, loading the next before quantizing
-    # this one) writes what one program a tile writes, the last program's tail of tiles included.
-    x = spread_input(160, 256, 10, torch.bfloat16, binades=3.0).to(device)
-    x[100, 200] = 3e38  # the overflow redo inside a walked tile
-    sides = (Side(True, None, fp8="seg128", amax=True), Side(True, None, packed=True))
-    a = quantize(x, *sides, rounding=rounding, seed=5)
-    if device == "cpu":
-        monkeypatch.setattr(hq, "INTERPRETER_TILES_PER_PROGRAM", 3)  # 5×2 tiles of 32×128: 4 programs, two walk 2
-    else:
-        persistent = [c for c in hq._tuned_kernel.configs if c.kwargs["PERSISTENT"]]
-        if not persistent:
-            pytest.fail("no persistent config in the GPU configs")
-        monkeypatch.setattr(hq._tuned_kernel, "configs", persistent[:1])
-        monkeypatch.setattr(hq._tuned_kernel, "cache", {})
-    b = quantize(x, *sides, rounding=rounding, seed=5)
-    for oa, ob in zip(a, b):
-        for name in SideOut_FIELDS:
-            ga, gb = getattr(oa, name), getattr(ob, name)
-            if ga is None:
-                assert gb is None, name
-                continue
-            assert torch.equal(ga.view(torch.uint8) if ga.dtype == torch.float8_e4m3fn else ga,
-                               gb.view(torch.uint8) if gb.dtype == torch.float8_e4m3fn else gb), name
-
-
 @NAN_INPUT
 def test_amax_is_row_absmax_across_programs(device, monkeypatch):
     # Several programs share each output row (atomic max); NaN rows stay NaN, -0 and negatives count by |x|.
     if device == "cpu":
-        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 64, "BLOCK_K": 64, "PERSISTENT": 0})
+        monkeypatch.setattr(hq, "_interpreter_blocks", lambda m, k, um, uk: {"BLOCK_M": 64, "BLOCK_K": 64})
     x = spread_input(192, 256, 8, torch.bfloat16)
     x[3, 200] = float("nan")
     x[4, :] = -0.0
