@@ -51,35 +51,30 @@ largest share of instructions: the dual SR step's sm_90 count fell from 2.19 to 
 warp-instructions a value). Each value takes 16 of them: rounding up has probability
 frac(x / step) to within 2^-16, against the quantization error's own spread of ~0.29 step.
 
-Throughput (measured on the H200 by ``tests/bench/test_bench_quantize.py``, figures in
-``results/microbench/gpu/``). Minimal bytes per value with bf16 input: read 2; write per
-orientation 0.5 + 1/32 packed, 1 + 1/32 FP8 seg128, 1 + 1/4096 FP8 tile128. An H200 issues
-132 SMs × 4 warp-instructions a cycle × ~1.9 GHz; at 85% of the 4.28 TB/s copy rate and 2.53 B a
-value that leaves ~0.73 warp-instructions per value, so the CUDA-core work is the constraint, not
-the tensor cores or memory. Counted on the sm_90 SASS (``scripts/sass_count.py``; here the hot
-path, without the two rare branches), per value: packed along K, RNE, H32 0.68 (no Hadamard 0.60,
-with signs 0.75, fp32 input 0.93 against its own budget of ~1.1); along M 0.72; dual 1.34 for two
-orientations (budget ~0.88 at its 3.06 B/value); SR 1.11 (the Philox rounds dominate); seg128 FP8
-alone along K 0.83 (budget ~0.83 at 3.03 B/value). The layer's steps at 128×128, 8 warps: X
-(seg128 + packed) 1.47 against a budget of ~0.98, W (tile128 both ways) 1.57 against ~1.1, dY (SR,
-seg128 both ways) 2.6 against ~1.3 at 70%: two orientations cost twice the issue slots of one
-while the bytes grow by less, so the dual steps stay issue-bound. The packing tricks: codes from
-the fp32 bit patterns (one add rounds to the grid), integer block max (also finds NaN/Inf), eight
-codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, FP8 bytes four a 32-bit word
-from the same pairing of codes (a shuffle of the packed words instead replicates them across
-lanes in Triton's layouts: 0.5 more a value on the SASS), and H's columns permuted so each MMA lane
-holds consecutive outputs (no data moves before the packing). A variant with several row tiles
-per program (next load in flight) measured half this kernel's rate (the ``kernels-multitile``
-file in ``results/microbench/gpu/``). Moving the two rare branches into a second launch over the
-tiles the first flags (``scripts/kernel_ab.py``; ``quantize-ab-fixup-launch`` in
-``results/microbench/gpu/history/``) compiled the X and W steps' hot path below the register cap,
-without spills (``scripts/sass_count.py``), yet the steps ran at 0.34-1.07x this kernel's rate
-(0.08-0.29 of copy against its 0.16-0.27): the register cap is not what holds them near a fifth
-of copy. Nsight Compute on the three steps at 16384x8192 (``profile_quantize_16384x8192.txt`` in
-``results/microbench/gpu/``) says what does: 1.75, 1.85 and 2.95 warp-instructions issued a value
-(X, W, dY), the integer pipe the busiest, DRAM 14-23% busy, and about one eligible warp a
-scheduler, so the issue slots are 46-59% used. Even at full issue these counts cap the steps at
-0.46, 0.48 and 0.31 of copy (DESIGN §6).
+Throughput. Minimal bytes per value with bf16 input: read 2; write per orientation 0.5 + 1/32
+packed, 1 + 1/32 FP8 seg128, 1 + 1/4096 FP8 tile128. An H200 issues 132 SMs × 4
+warp-instructions a cycle × ~1.9 GHz; at 85% of the 4.28 TB/s copy rate and 2.53 B a value that
+leaves ~0.73 warp-instructions per value. The layer's steps on the H200 at 16384×8192 (X: seg128
+along K + packed along M; W: tile128 both ways; dY: SR, seg128 both ways), against the kernel
+before the float FP8 path, the pcg4d draws and the register caps, in the same run
+(``quantize-ab-pcg4d-caps`` in ``results/microbench/gpu/history/``): X 1209 GB/s (0.29 of copy,
+1.03x), W 1102 (0.27, 1.17x), dY 831 (0.20, 1.14x) (that run's other shapes disagree with
+every earlier run of the same kernels, by up to 3x either way: not read here).
+Counted on the sm_90 SASS (``scripts/sass_count.py``, hot path, 128×128 at 8 warps), the same
+changes took the steps from 1.48, 1.58 and 2.61 warp-instructions a value to 1.29, 1.21 and 1.79:
+13-31% fewer instructions bought 3-17% of speed, so the issue rate is not what holds the steps
+near a quarter of copy. The Nsight Compute profile of the earlier kernel on the three steps
+(``profile_quantize_16384x8192.txt`` in ``results/microbench/gpu/``) said what does: 1.75, 1.85 and
+2.95 warp-instructions issued a value (X, W, dY), DRAM 14-23% busy, and about one eligible warp a
+scheduler, so the issue slots were 46-59% used; at full issue those counts would have capped the
+steps at 0.46, 0.48 and 0.31 of copy (DESIGN §6). What did not help, measured: persistent
+programs walking tiles with the next load in flight (0.46-0.82x the best config;
+``quantize-sweep`` in ``results/microbench/gpu/history/``, and an earlier multi-tile variant at
+half the rate, ``kernels-multitile``); the rare branches moved to a second launch (0.34-1.07x,
+``quantize-ab-fixup-launch``). The tricks that stay: the rounding by one add of a binade-sized
+magic number, a float block max that keeps NaN, eight codes a 32-bit word with the "-0" nibbles
+cleared by a SWAR mask, E4M3 bytes from the GPU's conversion, and H's columns permuted so each MMA
+lane holds consecutive outputs (no data moves before the packing).
 """
 
 from __future__ import annotations
