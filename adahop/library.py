@@ -295,6 +295,47 @@ def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
     return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
 
 
+@torch.library.custom_op("adahop::fp8_mm", mutates_args=())
+def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
+           out_dtype: torch.dtype) -> torch.Tensor:
+    """``A · Bᵀ`` of exact FP8 operands through cuBLAS's scaled GEMM (``torch._scaled_mm``).
+
+    An operator, so that ``torch.compile`` calls cuBLAS as the eager layer does: Inductor lowers
+    ``aten._scaled_mm`` itself (its own templates, a scaling recipe read from the scales' shapes),
+    and the blockwise scales' layouts are what cuBLAS takes, not what a lowering expects. The scale
+    layouts are made exact here (a copy only where they are not): A ``seg128`` ``(M, K/128)`` with
+    strides ``(1, M)``, Bᵀ ``tile128`` ``(N/128, K/128)`` contiguous.
+
+    Equivalent to :func:`adahop.ops.fp8_mm` (which checks the arguments and calls this).
+    """
+    if (layout_a, layout_b) == ("seg128", "tile128"):
+        sa = sa.t().contiguous().t()
+        # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
+        # scales (K/128, N/128) likewise.
+        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.contiguous().t(), out_dtype=torch.bfloat16)
+    n = fb.shape[0]
+    # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
+    pad = -n % 16
+    if pad:
+        fb = torch.cat((fb, fb.new_zeros(pad, fb.shape[1])))
+        sb = torch.cat((sb, sb.new_ones(pad, 1)))
+    if out_dtype is torch.bfloat16:
+        c = torch._scaled_mm(fa, fb.t(), scale_a=sa.contiguous(), scale_b=sb.reshape(1, -1).contiguous(),
+                             out_dtype=torch.bfloat16)
+    else:
+        # Rowwise scaling guarantees a bf16 output only: unit scales, an fp32 product, then the
+        # power-of-two row and column scales (exact multiplications).
+        one = torch.ones((), dtype=torch.float32, device=fa.device)
+        c = torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
+        c = (c * sa * sb.reshape(1, -1)).to(out_dtype)
+    return c[:, :n].contiguous() if pad else c
+
+
+@fp8_mm.register_fake
+def _(fa, sa, layout_a, fb, sb, layout_b, out_dtype):
+    return fa.new_empty((fa.shape[0], fb.shape[0]), dtype=out_dtype)
+
+
 @torch.library.custom_op("adahop::abs_median", mutates_args=())
 def abs_median(x: torch.Tensor) -> torch.Tensor:
     """Lower median of ``|x|`` along each row (the radix-select kernel). Equivalent to

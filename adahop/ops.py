@@ -449,26 +449,9 @@ def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, 
     if (layout_a, layout_b) == ("seg128", "tile128"):
         if out_dtype is not torch.bfloat16:
             raise ValueError(f"the blockwise FP8 GEMM gives bfloat16 only, got out_dtype {out_dtype}")
-        # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
-        # scales (K/128, N/128) likewise.
-        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
-    if (layout_a, layout_b) != ("row", "row"):
+    elif (layout_a, layout_b) != ("row", "row"):
         raise ValueError(f"FP8 layouts A={layout_a!r}, B={layout_b!r}: use ('row', 'row') or ('seg128', 'tile128')")
-    n = fb.shape[0]
-    # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
-    pad = -n % 16
-    if pad:
-        fb = torch.cat((fb, fb.new_zeros(pad, fb.shape[1])))
-        sb = torch.cat((sb, sb.new_ones(pad, 1)))
-    if out_dtype is torch.bfloat16:
-        c = torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.reshape(1, -1), out_dtype=torch.bfloat16)
-    else:
-        # Rowwise scaling guarantees a bf16 output only: unit scales, an fp32 product, then the
-        # power-of-two row and column scales (exact multiplications).
-        one = torch.ones((), dtype=torch.float32, device=fa.device)
-        c = torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-        c = (c * sa * sb.reshape(1, -1)).to(out_dtype)
-    return c[:, :n].contiguous() if pad else c
+    return library.fp8_mm(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
 
 
 def _mm_fp8_rowwise(a: MXFP4Tensor, b: MXFP4Tensor, out_dtype: torch.dtype, backend) -> torch.Tensor:

@@ -8,7 +8,7 @@ import torch
 
 from adahop import library
 from adahop.backend import resolve_backend, triton_interpreted
-from adahop.formats import dequantize_mxfp4_ref, to_fp8_ref
+from adahop.formats import MXFP4Tensor, dequantize_mxfp4_ref, to_fp8_ref
 
 # (device, backend) pairs this process runs: CPU tensors through the reference and, under Triton's
 # interpreter (the CPU test suite), the kernels; on a GPU machine CUDA tensors through both.
@@ -92,3 +92,53 @@ def test_unknown_request_flags_and_layouts_are_refused():
         library.parse_request("packed,fp8=tile64")
     with pytest.raises(ValueError, match="asks for no output"):
         library.parse_request("hadamard")
+
+
+FP8_MM_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", FP8_MM_DEVICES)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_mm_opcheck_and_equal_to_the_dequantized_product(device, out_dtype):
+    # Row layouts on every device (N = 200 takes the padding to a multiple of 16); blockwise where
+    # cuBLAS has it (a GPU), bf16 output only.
+    x, w = torch.randn(256, 512, device=device), torch.randn(200, 512, device=device)
+    layouts = [("row", "row")] + ([("seg128", "tile128")] if device == "cuda" and out_dtype is torch.bfloat16 else [])
+    for la, lb in layouts:
+        a = library.quantize(x, None, None, None, f"packed,fp8={la}", "", 32, "rne", "propagate", "reference")
+        wq = w if lb == "row" else torch.cat((w, w[:56]))  # tile128 needs rows a multiple of 128
+        b = library.quantize(wq, None, None, None, f"packed,fp8={lb}", "", 32, "rne", "propagate", "reference")
+        args = (a[2], a[3], la, b[2], b[3], lb, out_dtype)
+        # test_schema is left out: its mutation check multiplies the inputs, which the CPU cannot
+        # do for float8 tensors ("mul_cpu_reduced_float" not implemented); the fake, the autograd
+        # registration and the traced (AOT) call are checked.
+        torch.library.opcheck(torch.ops.adahop.fp8_mm.default, args,
+                              test_utils=("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic"))
+        got = library.fp8_mm(*args).float()
+        want = (dequantize_mxfp4_ref(MXFP4Tensor(a[0], a[1])).double()
+                @ dequantize_mxfp4_ref(MXFP4Tensor(b[0], b[1])).double().t()).to(out_dtype).float()
+        assert torch.allclose(got, want, rtol=2e-2 if out_dtype is torch.bfloat16 else 1e-5, atol=1e-3)
+
+
+def test_fp8_mm_is_one_opaque_operator_in_a_compiled_graph():
+    # Inductor must not lower the scaled GEMM itself (its templates read a scaling recipe from the
+    # scales' shapes): the compiled graph calls the operator, and no aten._scaled_mm.
+    from adahop import ops
+
+    x, w = torch.randn(128, 256), torch.randn(64, 256)
+    a = library.quantize(x, None, None, None, "fp8=row", "", 32, "rne", "propagate", "reference")
+    b = library.quantize(w, None, None, None, "fp8=row", "", 32, "rne", "propagate", "reference")
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda fa, sa, fb, sb: ops.fp8_mm(fa, sa, "row", fb, sb, "row", torch.bfloat16), backend=backend,
+                      fullgraph=True)
+    out = f(a[2], a[3], b[2], b[3])
+    assert torch.equal(out, ops.fp8_mm(a[2], a[3], "row", b[2], b[3], "row", torch.bfloat16))
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("adahop.fp8_mm" in t for t in targets), targets
+    assert not any("_scaled_mm" in t for t in targets), targets
