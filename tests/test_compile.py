@@ -251,11 +251,13 @@ def _backend(name: str | None):
 
 
 def compiled_against_eager(recipe: str, device: str, mode: str | None, config: LlamaConfig, steps: int = 5,
-                           tokens: tuple[int, int] = (8, 256), reference: bool = False):
+                           tokens: tuple[int, int] = (8, 256), reference: bool = False, backend: str = "inductor"):
     """Train copies of one model from the same weights on the same batches: eager, ``torch.compile``-d
     in ``mode`` (Inductor), and with ``reference`` eager on the pure-PyTorch backend; after each step
-    every copy takes the eager one's weights again. Returns ``(step, copy, [(parameter, what differs)])``
-    for each step whose gradients differ from the eager ones beyond rounding.
+    every copy takes the eager one's weights again. Returns ``(step, copy, its loss against the eager
+    one's, [(parameter, what differs)])`` for each step whose gradients differ from the eager ones
+    beyond rounding. ``backend``: torch.compile's (``aot_eager`` traces forward and backward as
+    Inductor does, then runs them eagerly: it tells a tracing fault from an Inductor one).
 
     The compiled copy draws as the eager one does; its norms and attention round their bf16 outputs
     differently, which moves MXFP4 codes at rounding boundaries: on the tiny model through Inductor
@@ -275,13 +277,13 @@ def compiled_against_eager(recipe: str, device: str, mode: str | None, config: L
             adahop.convert(model, recipe, optimizer=opt, **overrides)
         copies[name] = (model, opt)
     run = {name: model for name, (model, _) in copies.items()}
-    run["compiled"] = torch.compile(copies["compiled"][0], mode=mode)
+    run["compiled"] = torch.compile(copies["compiled"][0], mode=mode, backend=backend)
     graphs = mode is not None and "reduce-overhead" in mode and device == "cuda"
     bounds = {"compiled": (0.9, 0.15), "reference": (0.5, 0.1)}
     failures = []
     for step in range(steps):
         toks = torch.randint(0, config.vocab_size, tokens, generator=torch.Generator().manual_seed(step)).to(device)
-        grads = {}
+        grads, losses = {}, {}
         for name, (model, opt) in copies.items():
             if graphs and name == "compiled":
                 torch.compiler.cudagraph_mark_step_begin()
@@ -289,6 +291,7 @@ def compiled_against_eager(recipe: str, device: str, mode: str | None, config: L
                 warnings.simplefilter("ignore")
                 with torch.autocast(device, dtype=torch.bfloat16):  # as the trainer: backward outside it
                     loss = run[name](toks, toks)[1]
+                losses[name] = float(loss)
                 loss.backward()
                 grads[name] = _grads(model)
                 opt.step()
@@ -303,7 +306,8 @@ def compiled_against_eager(recipe: str, device: str, mode: str | None, config: L
             if name in grads:
                 bad = _mismatches(grads[name], grads["eager"], cos_min, ratio_tol)
                 if bad:
-                    failures.append((step, name, bad))
+                    # The losses say whether the forward already differs (or only the backward).
+                    failures.append((step, name, f"loss {losses[name]:.4f} against eager {losses['eager']:.4f}", bad))
     return failures
 
 
@@ -318,4 +322,14 @@ def test_compiled_gradients_on_cuda_match_eager(recipe, mode):
     between compiled pieces), the fix and the retrace."""
     config = LlamaConfig.from_name("125m", vocab_size=4096, n_layers=2)
     failures = compiled_against_eager(recipe, "cuda", mode, config, reference=True)
+    assert not failures, failures
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_traced_gradients_on_cuda_match_eager():
+    """The same through ``aot_eager`` (the traced forward and backward graphs run eagerly, no
+    Inductor): where the Inductor test fails and this passes, the fault is Inductor's."""
+    config = LlamaConfig.from_name("125m", vocab_size=4096, n_layers=2)
+    failures = compiled_against_eager("mxfp4", "cuda", None, config, steps=2, backend="aot_eager")
     assert not failures, failures
