@@ -303,16 +303,16 @@ def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, 
     An operator, so that ``torch.compile`` calls cuBLAS as the eager layer does: Inductor lowers
     ``aten._scaled_mm`` itself (its own templates, a scaling recipe read from the scales' shapes),
     and the blockwise scales' layouts are what cuBLAS takes, not what a lowering expects. The scale
-    layouts are made exact here (a copy only where they are not): A ``seg128`` ``(M, K/128)`` with
-    strides ``(1, M)``, Bᵀ ``tile128`` ``(N/128, K/128)`` contiguous.
+    layouts are made exact here (a copy only where they are not): the blockwise scales
+    outer-dimension-major with a leading dimension padded to a multiple of 4 (:func:`_outer_major`).
 
     Equivalent to :func:`adahop.ops.fp8_mm` (which checks the arguments and calls this).
     """
     if (layout_a, layout_b) == ("seg128", "tile128"):
-        sa = sa.t().contiguous().t()
         # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
         # scales (K/128, N/128) likewise.
-        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.contiguous().t(), out_dtype=torch.bfloat16)
+        return torch._scaled_mm(fa, fb.t(), scale_a=_outer_major(sa), scale_b=_outer_major(sb.t()),
+                                out_dtype=torch.bfloat16)
     n = fb.shape[0]
     # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
     pad = -n % 16
@@ -329,6 +329,21 @@ def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, 
         c = torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
         c = (c * sa * sb.reshape(1, -1)).to(out_dtype)
     return c[:, :n].contiguous() if pad else c
+
+
+def _outer_major(scale: torch.Tensor) -> torch.Tensor:
+    """``scale (R, C)`` with strides ``(1, ld)``, ``ld`` the least multiple of 4 at least R: the
+    layout cuBLASLt reads blockwise scales in (a leading dimension that is not a multiple of 4 is
+    read as if it were: torchao measured garbage products at 1001 and 1002 K-blocks, right ones at
+    1000, pytorch/ao#4229; the 125m model's 768 features are 6 K-blocks). A copy only where the
+    layout differs."""
+    r, c = scale.shape
+    ld = -(-r // 4) * 4
+    if scale.stride() == (1, ld) or (c == 1 and scale.stride(0) == 1):
+        return scale
+    storage = scale.new_zeros((c, ld))
+    storage[:, :r] = scale.t()
+    return storage[:, :r].t()
 
 
 @fp8_mm.register_fake

@@ -101,8 +101,9 @@ FP8_MM_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_fp8_mm_opcheck_and_equal_to_the_dequantized_product(device, out_dtype):
     # Row layouts on every device (N = 200 takes the padding to a multiple of 16); blockwise where
-    # cuBLAS has it (a GPU), bf16 output only.
-    x, w = torch.randn(256, 512, device=device), torch.randn(200, 512, device=device)
+    # cuBLAS has it (a GPU), bf16 output only, with K = 768: 6 K-blocks, a scale leading dimension
+    # that is not a multiple of 4 (the 125m model's width).
+    x, w = torch.randn(256, 768, device=device), torch.randn(200, 768, device=device)
     layouts = [("row", "row")] + ([("seg128", "tile128")] if device == "cuda" and out_dtype is torch.bfloat16 else [])
     for la, lb in layouts:
         a = library.quantize(x, None, None, None, f"packed,fp8={la}", "", 32, "rne", "propagate", "reference")
@@ -142,3 +143,14 @@ def test_fp8_mm_is_one_opaque_operator_in_a_compiled_graph():
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert any("adahop.fp8_mm" in t for t in targets), targets
     assert not any("_scaled_mm" in t for t in targets), targets
+
+
+def test_blockwise_scales_get_a_leading_dimension_of_a_multiple_of_4():
+    # cuBLASLt reads blockwise scales with a leading dimension rounded up to a multiple of 4.
+    for r, c in ((6, 5), (8, 3), (1, 4), (768, 6)):
+        scale = torch.arange(r * c, dtype=torch.float32).reshape(c, r).t()  # (r, c), strides (1, r)
+        got = library._outer_major(scale)
+        assert torch.equal(got, scale)
+        assert got.stride() == (1, -(-r // 4) * 4)
+    aligned = torch.ones(4, 8).t()  # strides (1, 8) for r = 8: kept as it is
+    assert library._outer_major(aligned) is aligned
