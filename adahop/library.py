@@ -306,7 +306,7 @@ def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, 
     layouts are made exact here (a copy only where they are not): the blockwise scales
     outer-dimension-major with a leading dimension padded to a multiple of 4 (:func:`_outer_major`).
 
-    Equivalent to :func:`adahop.ops.fp8_mm` (which checks the arguments and calls this).
+    The checked entry point is :func:`adahop.ops.fp8_mm`: it refuses bad layouts and output dtypes.
     """
     if (layout_a, layout_b) == ("seg128", "tile128"):
         # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
@@ -339,7 +339,7 @@ def _outer_major(scale: torch.Tensor) -> torch.Tensor:
     layout differs."""
     r, c = scale.shape
     ld = -(-r // 4) * 4
-    if scale.stride() == (1, ld) or (c == 1 and scale.stride(0) == 1):
+    if scale.stride() == (1, ld):
         return scale
     storage = scale.new_zeros((c, ld))
     storage[:, :r] = scale.t()

@@ -193,14 +193,6 @@ def e4m3_words_of_code_words(words, t, ROWS: tl.constexpr, WORDS: tl.constexpr):
 
 
 @triton.jit
-def pack_bytes(b, ROWS: tl.constexpr, COLS: tl.constexpr):
-    """``(ROWS, COLS // 4)`` little-endian int32 words of the int32 bytes ``b (ROWS, COLS)``."""
-    lo, hi = tl.split(tl.reshape(b, (ROWS, COLS // 2, 2)))
-    lo, hi = tl.split(tl.reshape(lo | (hi << 8), (ROWS, COLS // 4, 2)))
-    return lo | (hi << 16)
-
-
-@triton.jit
 def group_max(e, ROWS: tl.constexpr, BLOCKS: tl.constexpr, GROUP_ROWS: tl.constexpr, GROUP_BLOCKS: tl.constexpr):
     """Max of ``e (ROWS, BLOCKS)`` over groups of ``GROUP_ROWS`` rows × ``GROUP_BLOCKS`` blocks:
     ``(ROWS // GROUP_ROWS, BLOCKS // GROUP_BLOCKS)``."""

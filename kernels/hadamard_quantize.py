@@ -46,9 +46,8 @@ tile shape (autotuned) never changes the result, and a dual call equals two sing
 bit. The seed is an int64 device tensor the kernel loads (an int is put into one), so a new seed
 every step neither recompiles nor synchronises under ``torch.compile``; the along-M orientation
 draws with bit 62 of the seed set. The bits come from the pcg4d hash of (column group, row, seed's
-two halves): 128 bits for 16 integer operations, where Philox-4x32-10 took about 60 (the SR steps'
-largest share of instructions: the dual SR step's sm_90 count fell from 2.19 to 1.79
-warp-instructions a value). Each value takes 16 of them: rounding up has probability
+two halves): 128 bits from three multiply stages over its four words, where Philox-4x32-10, the
+SR steps' largest share of instructions before it, takes ten rounds. Each value takes 16 of them: rounding up has probability
 frac(x / step) to within 2^-16, against the quantization error's own spread of ~0.29 step.
 
 Throughput. Minimal bytes per value with bf16 input: read 2; write per orientation 0.5 + 1/32
@@ -60,10 +59,9 @@ before the float FP8 path, the pcg4d draws and the register caps, in the same ru
 (``quantize-ab-pcg4d-caps`` in ``results/microbench/gpu/history/``): X 1209 GB/s (0.29 of copy,
 1.03x), W 1102 (0.27, 1.17x), dY 831 (0.20, 1.14x) (that run's other shapes disagree with
 every earlier run of the same kernels, by up to 3x either way: not read here).
-Counted on the sm_90 SASS (``scripts/sass_count.py``, hot path, 128×128 at 8 warps), the same
-changes took the steps from 1.48, 1.58 and 2.61 warp-instructions a value to 1.29, 1.21 and 1.79:
-13-31% fewer instructions bought 3-17% of speed, so the issue rate is not what holds the steps
-near a quarter of copy. The Nsight Compute profile of the earlier kernel on the three steps
+These changes issue fewer instructions a value (the float path forms no codes for an FP8-only
+orientation, the block max is one instruction a value, the hash replaces ten Philox rounds), yet
+bought 3-17% of speed: the issue rate is not what holds the steps near a quarter of copy. The Nsight Compute profile of the earlier kernel on the three steps
 (``profile_quantize_16384x8192.txt`` in ``results/microbench/gpu/``) said what does: 1.75, 1.85 and
 2.95 warp-instructions issued a value (X, W, dY), DRAM 14-23% busy, and about one eligible warp a
 scheduler, so the issue slots were 46-59% used; at full issue those counts would have capped the
@@ -112,8 +110,8 @@ PRESCALE_UP = tl.constexpr(2.0**8)
 @triton.jit
 def _pcg4d(x, y, z, w):
     """The pcg4d hash (Jarzynski & Olano, "Hash Functions for GPU Rendering", JCGT 2020): four
-    uint32 words in, four out, each a function of all inputs; 16 integer operations for 128 bits,
-    where ten Philox rounds take about 60."""
+    uint32 words in, four out, each a function of all inputs, from three multiply stages where
+    Philox-4x32-10 takes ten rounds."""
     x = x * 1664525 + 1013904223
     y = y * 1664525 + 1013904223
     z = z * 1664525 + 1013904223

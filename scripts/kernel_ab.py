@@ -54,6 +54,13 @@ def gbps(fn, nbytes: int) -> tuple[float, float]:
     return nbytes / (ms * 1e-3) / 1e9, ms * 1e-3
 
 
+def copy_bandwidth() -> float:
+    """GB/s of a device-to-device copy (bytes read plus written), the ceiling the steps are read against."""
+    n = 1 << 28
+    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
+    return gbps(lambda: dst.copy_(src), 2 * n)[0]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--baseline", type=Path, required=True, help="the other version's hadamard_quantize.py")
@@ -70,9 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"--shapes: unknown {unknown}; known: {list(SHAPES)}")
     baseline = load_baseline(args.baseline)
-    n = 1 << 28
-    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-    copy, _ = gbps(lambda: dst.copy_(src), 2 * n)
+    copy = copy_bandwidth()
     records = []
     for shape_name in shapes:
         rows, cols = SHAPES[shape_name]

@@ -4,10 +4,11 @@
 
 For choosing the autotuner's candidates (``_GPU_CONFIGS`` in ``kernels/hadamard_quantize.py``): the
 steps of ``tests/bench/test_bench_quantize.py`` (X in the forward, W, dY in the backward with SR),
-each with every config of :data:`CANDIDATES` that fits it, one at a time (tile, warps, register cap). A record per step, shape and config: GB/s (minimal bytes over the median
-of ``triton.testing.do_bench``), its ratio to the copy bandwidth measured in the same run, and
+each with every config of :data:`CANDIDATES` that fits it, one at a time (tile, warps, register
+cap). A record per step, shape and config: GB/s (minimal bytes over the median of
+``triton.testing.do_bench``), its ratio to the copy bandwidth measured in the same run, and
 whether it wrote the same bytes as the first config (it must: the results do not depend on the
-config).
+config). Shapes and timing are ``scripts/kernel_ab.py``'s.
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ import triton
 
 from adahop.harness.provenance import write_results
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "bench"))
-from test_bench_quantize import LAYER_STEPS, layer_step_bytes  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernel_ab import LAYER_STEPS, SHAPES, copy_bandwidth, gbps, layer_step_bytes, outputs  # noqa: E402
 
 import adahop_kernels.hadamard_quantize as hq  # noqa: E402
 
-SHAPES = {"llama3.2-1b-hidden-16k": (16384, 2048), "llama3.2-1b-mlp-16k": (16384, 8192),
-          "ours-125m-hidden-64k": (65536, 768)}
 # (BLOCK_M, BLOCK_K, warps, register cap or None)
 CANDIDATES = [
     (32, 128, 4, None), (32, 128, 4, 128), (32, 128, 4, 96), (32, 128, 4, 80), (32, 128, 4, 64),
@@ -35,11 +34,6 @@ CANDIDATES = [
     (128, 128, 16, None), (128, 128, 16, 64), (128, 128, 8, None), (128, 128, 8, 128), (128, 128, 8, 96),
     (128, 128, 32, None),
 ]
-
-
-def outputs(result) -> list[torch.Tensor]:
-    return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-            for side in result if side is not None for t in side if t is not None]
 
 
 def tile_flags(along_k, along_m) -> dict:
@@ -51,7 +45,8 @@ def tile_flags(along_k, along_m) -> dict:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=True, help="results JSON")
-    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated, of {list(SHAPES)}")
+    p.add_argument("--shapes", default="llama3.2-1b-mlp-16k,ours-125m-hidden-64k",
+                   help=f"comma-separated, of {list(SHAPES)}")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         p.error("needs a CUDA GPU: the kernels are timed compiled")
@@ -59,11 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(shapes) - set(SHAPES))
     if unknown:
         p.error(f"--shapes: unknown {unknown}; known: {list(SHAPES)}")
-    import triton.testing
-
-    n = 1 << 28
-    src, dst = torch.empty(n, dtype=torch.uint8, device="cuda"), torch.empty(n, dtype=torch.uint8, device="cuda")
-    copy = 2 * n / (triton.testing.do_bench(lambda: dst.copy_(src), warmup=25, rep=100) * 1e-3) / 1e9
+    copy = copy_bandwidth()
     tuner = hq._tuned_kernel
     records = []
     for shape_name in shapes:
@@ -81,19 +72,18 @@ def main(argv: list[str] | None = None) -> int:
                 fn = lambda: hq.quantize(x, along_k, along_m, rounding=rounding, seed=seed)  # noqa: E731
                 got = outputs(fn())
                 first = got if first is None else first
-                ms = triton.testing.do_bench(fn, warmup=25, rep=100)
-                gbps = work / (ms * 1e-3) / 1e9
+                rate, seconds = gbps(fn, work)
                 record = {
                     "test": f"{step}[{shape_name}]", "op": f"quantize step {step} rounding={rounding}",
-                    "shape": [rows, cols], "figure": gbps, "unit": "GB/s", "ceiling_name": "copy", "ceiling": copy,
-                    "ratio": gbps / copy, "median_s": ms * 1e-3,
+                    "shape": [rows, cols], "figure": rate, "unit": "GB/s", "ceiling_name": "copy", "ceiling": copy,
+                    "ratio": rate / copy, "median_s": seconds,
                     "config": {"BLOCK_M": bm, "BLOCK_K": bk, "num_warps": warps, "maxnreg": maxnreg},
                     "same_bytes": all(torch.equal(a, b) for a, b in zip(got, first)),
                     "timer": "triton.testing.do_bench",
                 }
                 records.append(record)
                 print(f"{record['test']:36s} {bm:3d}x{bk:3d} w{warps:2d} reg {maxnreg}: "
-                      f"{gbps:6.0f} GB/s ({record['ratio']:.2f} of copy) same {record['same_bytes']}", flush=True)
+                      f"{rate:6.0f} GB/s ({record['ratio']:.2f} of copy) same {record['same_bytes']}", flush=True)
             write_results(args.out, records, config={"shapes": shapes, "candidates": CANDIDATES}, device=x.device)
     for test in dict.fromkeys(r["test"] for r in records):
         best = max((r for r in records if r["test"] == test), key=lambda r: r["figure"])
