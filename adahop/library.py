@@ -298,21 +298,22 @@ def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
 @torch.library.custom_op("adahop::fp8_mm", mutates_args=())
 def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
            out_dtype: torch.dtype) -> torch.Tensor:
-    """``A · Bᵀ`` of exact FP8 operands through cuBLAS's scaled GEMM (``torch._scaled_mm``).
+    """``A · Bᵀ`` of exact FP8 operands: cuBLAS's scaled GEMM (``torch._scaled_mm``) on a GPU, the
+    product of the fp32 values elsewhere (a CPU's ``_scaled_mm`` takes per-tensor scales only in
+    some torch releases).
 
     An operator, so that ``torch.compile`` calls cuBLAS as the eager layer does: Inductor lowers
-    ``aten._scaled_mm`` itself (its own templates, a scaling recipe read from the scales' shapes),
-    and the blockwise scales' layouts are what cuBLAS takes, not what a lowering expects. The scale
-    layouts are made exact here (a copy only where they are not): the blockwise scales
-    outer-dimension-major with a leading dimension padded to a multiple of 4 (:func:`_outer_major`).
+    ``aten._scaled_mm`` itself (its own templates, a scaling recipe read from the scales' shapes).
 
-    The checked entry point is :func:`adahop.ops.fp8_mm`: it refuses bad layouts and output dtypes.
+    The checked entry point is :func:`adahop.ops.fp8_mm`: it refuses bad layouts and output dtypes,
+    and blockwise operands whose K is not a multiple of 512.
     """
+    if fa.device.type != "cuda":
+        return _fp8_mm_values(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
     if (layout_a, layout_b) == ("seg128", "tile128"):
         # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
         # scales (K/128, N/128) likewise.
-        return torch._scaled_mm(fa, fb.t(), scale_a=_outer_major(sa), scale_b=_outer_major(sb.t()),
-                                out_dtype=torch.bfloat16)
+        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
     n = fb.shape[0]
     # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
     pad = -n % 16
@@ -331,19 +332,17 @@ def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, 
     return c[:, :n].contiguous() if pad else c
 
 
-def _outer_major(scale: torch.Tensor) -> torch.Tensor:
-    """``scale (R, C)`` with strides ``(1, ld)``, ``ld`` the least multiple of 4 at least R: the
-    layout cuBLASLt reads blockwise scales in (a leading dimension that is not a multiple of 4 is
-    read as if it were: torchao measured garbage products at 1001 and 1002 K-blocks, right ones at
-    1000, pytorch/ao#4229; the 125m model's 768 features are 6 K-blocks). A copy only where the
-    layout differs."""
-    r, c = scale.shape
-    ld = -(-r // 4) * 4
-    if scale.stride() == (1, ld):
-        return scale
-    storage = scale.new_zeros((c, ld))
-    storage[:, :r] = scale.t()
-    return storage[:, :r].t()
+def _fp8_mm_values(fa, sa, layout_a, fb, sb, layout_b, out_dtype) -> torch.Tensor:
+    """The FP8 GEMM off a GPU: each operand's values times its scales in fp32 (exact: a
+    power-of-two scale times an E4M3 value), one fp32 product."""
+    def values(f: torch.Tensor, s: torch.Tensor, layout: str) -> torch.Tensor:
+        if layout == "row":
+            return f.float() * s
+        if layout == "seg128":
+            return f.float() * s.repeat_interleave(FP8_GROUP, dim=1)
+        return f.float() * s.repeat_interleave(FP8_GROUP, dim=0).repeat_interleave(FP8_GROUP, dim=1)
+
+    return (values(fa, sa, layout_a) @ values(fb, sb, layout_b).t()).to(out_dtype)
 
 
 @fp8_mm.register_fake

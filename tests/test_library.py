@@ -100,15 +100,13 @@ FP8_MM_DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 @pytest.mark.parametrize("device", FP8_MM_DEVICES)
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_fp8_mm_opcheck_and_equal_to_the_dequantized_product(device, out_dtype):
-    # Row layouts on every device (N = 200 takes the padding to a multiple of 16); blockwise where
-    # cuBLAS has it (a GPU), bf16 output only, with K = 768: 6 K-blocks, a scale leading dimension
-    # that is not a multiple of 4 (the 125m model's width).
-    x, w = torch.randn(256, 768, device=device), torch.randn(200, 768, device=device)
-    layouts = [("row", "row")] + ([("seg128", "tile128")] if device == "cuda" and out_dtype is torch.bfloat16 else [])
-    for la, lb in layouts:
+    # Row layouts at K = 768 (the 125m model's width; N = 200 takes the padding to a multiple of
+    # 16), blockwise (bf16 output only) at K = 1536: 12 K-blocks, whole groups of four.
+    cases = [("row", "row", 768)] + ([("seg128", "tile128", 1536)] if out_dtype is torch.bfloat16 else [])
+    for la, lb, k in cases:
+        x, w = torch.randn(256, k, device=device), torch.randn(200 if lb == "row" else 256, k, device=device)
         a = library.quantize(x, None, None, None, f"packed,fp8={la}", "", 32, "rne", "propagate", "reference")
-        wq = w if lb == "row" else torch.cat((w, w[:56]))  # tile128 needs rows a multiple of 128
-        b = library.quantize(wq, None, None, None, f"packed,fp8={lb}", "", 32, "rne", "propagate", "reference")
+        b = library.quantize(w, None, None, None, f"packed,fp8={lb}", "", 32, "rne", "propagate", "reference")
         args = (a[2], a[3], la, b[2], b[3], lb, out_dtype)
         # test_schema is left out: its mutation check multiplies the inputs, which the CPU cannot
         # do for float8 tensors ("mul_cpu_reduced_float" not implemented); the fake, the autograd
@@ -118,7 +116,22 @@ def test_fp8_mm_opcheck_and_equal_to_the_dequantized_product(device, out_dtype):
         got = library.fp8_mm(*args).float()
         want = (dequantize_mxfp4_ref(MXFP4Tensor(a[0], a[1])).double()
                 @ dequantize_mxfp4_ref(MXFP4Tensor(b[0], b[1])).double().t()).to(out_dtype).float()
-        assert torch.allclose(got, want, rtol=2e-2 if out_dtype is torch.bfloat16 else 1e-5, atol=1e-3)
+        assert torch.allclose(got, want, rtol=2e-2 if out_dtype is torch.bfloat16 else 1e-5, atol=1e-3), (la, lb)
+
+
+def test_blockwise_fp8_mm_needs_k_in_whole_groups_of_four_blocks():
+    from adahop import ops
+    from adahop.linear.gemm import GemmConfig
+    from adahop.ops import GemmPath
+
+    a = library.quantize(torch.randn(128, 768), None, None, None, "fp8=seg128", "", 32, "rne", "propagate", "reference")
+    b = library.quantize(torch.randn(128, 768), None, None, None, "fp8=tile128", "", 32, "rne", "propagate", "reference")
+    with pytest.raises(ValueError, match=r"needs K a multiple of 512, got fa of shape \(128, 768\)"):
+        ops.fp8_mm(a[2], a[3], "seg128", b[2], b[3], "tile128", torch.bfloat16)
+    config = GemmConfig(GemmPath.FP8_ROWWISE, "triton", blockwise=True)
+    assert config.layouts(4096, 768, 768, torch.bfloat16) == ("row", "row")
+    assert config.layouts(4096, 768, 2048, torch.bfloat16) == ("seg128", "tile128")
+    assert config.layouts(4096, 768, 2048, torch.float32) == ("row", "row")
 
 
 def test_fp8_mm_is_one_opaque_operator_in_a_compiled_graph():
@@ -143,14 +156,3 @@ def test_fp8_mm_is_one_opaque_operator_in_a_compiled_graph():
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert any("adahop.fp8_mm" in t for t in targets), targets
     assert not any("_scaled_mm" in t for t in targets), targets
-
-
-def test_blockwise_scales_get_a_leading_dimension_of_a_multiple_of_4():
-    # cuBLASLt reads blockwise scales with a leading dimension rounded up to a multiple of 4.
-    for r, c in ((6, 5), (8, 3), (1, 4), (768, 6)):
-        scale = torch.arange(r * c, dtype=torch.float32).reshape(c, r).t()  # (r, c), strides (1, r)
-        got = library._outer_major(scale)
-        assert torch.equal(got, scale)
-        assert got.stride() == (1, -(-r // 4) * 4)
-    aligned = torch.ones(4, 8).t()  # strides (1, 8) for r = 8: kept as it is
-    assert library._outer_major(aligned) is aligned
