@@ -350,6 +350,31 @@ def _(fa, sa, layout_a, fb, sb, layout_b, out_dtype):
     return fa.new_empty((fa.shape[0], fb.shape[0]), dtype=out_dtype)
 
 
+@torch.library.custom_op("adahop::dense_mm", mutates_args=())
+def dense_mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """``A · Bᵀ`` in the operands' own precision: a GEMM of the layer's that runs unquantized (a
+    BF16 strategy, the outlier rows of OE). An operator so that the layer's forward reads its
+    inputs through operators only (:class:`adahop.linear.function.QuantLinearFunction` says why)."""
+    return (a @ b.t()).to(out_dtype)
+
+
+@dense_mm.register_fake
+def _(a, b, out_dtype):
+    return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
+
+
+@torch.library.custom_op("adahop::select_rows", mutates_args=())
+def select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """BF16 copies of the rows ``idx`` of ``x`` (the outlier rows OE computes in high precision);
+    an operator for the reason :func:`dense_mm` is one."""
+    return x.index_select(0, idx).to(torch.bfloat16)
+
+
+@select_rows.register_fake
+def _(x, idx):
+    return x.new_empty((idx.shape[0], x.shape[1]), dtype=torch.bfloat16)
+
+
 @torch.library.custom_op("adahop::abs_median", mutates_args=())
 def abs_median(x: torch.Tensor) -> torch.Tensor:
     """Lower median of ``|x|`` along each row (the radix-select kernel). Equivalent to

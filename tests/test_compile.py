@@ -261,7 +261,9 @@ def compiled_against_eager(recipe: str, device: str, mode: str | None, config: L
 
     The compiled copy draws as the eager one does; its norms and attention round their bf16 outputs
     differently, which moves MXFP4 codes at rounding boundaries: on the tiny model through Inductor
-    on CPU that alone gives cosines of 0.97-0.99 and norms within 6%. The reference copy draws its
+    on CPU that alone gives cosines of 0.97-0.99 and norms within 6%; at the 125m widths the last
+    layer's q_proj, whose gradient is the smallest and runs without a transform under ``mxfp4``,
+    agrees to a cosine of 0.898 (norms within 0.3%), on a CPU as on the GPU. The reference copy draws its
     stochastic rounding anew: two draws' gradients at the 125m widths agree in norm within 1% and
     in cosine to 0.85. What the bounds catch is a gradient made of wrong memory or a wrong kernel
     (norms off by orders of magnitude, non-finite, or a part missing).
@@ -279,7 +281,7 @@ def compiled_against_eager(recipe: str, device: str, mode: str | None, config: L
     run = {name: model for name, (model, _) in copies.items()}
     run["compiled"] = torch.compile(copies["compiled"][0], mode=mode, backend=backend)
     graphs = mode is not None and "reduce-overhead" in mode and device == "cuda"
-    bounds = {"compiled": (0.9, 0.15), "reference": (0.5, 0.1)}
+    bounds = {"compiled": (0.8, 0.15), "reference": (0.5, 0.1)}
     failures = []
     for step in range(steps):
         toks = torch.randint(0, config.vocab_size, tokens, generator=torch.Generator().manual_seed(step)).to(device)
@@ -333,3 +335,53 @@ def test_traced_gradients_on_cuda_match_eager():
     config = LlamaConfig.from_name("125m", vocab_size=4096, n_layers=2)
     failures = compiled_against_eager("mxfp4", "cuda", None, config, steps=2, backend="aot_eager")
     assert not failures, failures
+
+
+# Every forward strategy, all three slots fixed to it (wgrad OE-left runs IHT, as the policy has it):
+# the BF16 and OE forwards multiply full-precision rows, the others only quantized operands.
+FORWARD_STRATEGIES = ["iht", "mxfp4", "bf16", "iht+oe-left", "iht+oe-right"]
+
+
+def fixed_compiled_against_eager(strategy: str, device: str, config: LlamaConfig, tokens: tuple[int, int],
+                                 backend: str):
+    """One step of two copies of a model whose layers are all fixed to ``strategy``, eager and
+    compiled through ``backend``; the parameters whose compiled gradients differ beyond rounding."""
+    from adahop.policy import Strategy, effective_strategy
+
+    fixed = {"fwd": strategy, "dgrad": strategy, "wgrad": effective_strategy("wgrad", Strategy(strategy)).value}
+    torch._dynamo.reset()
+    grads = {}
+    for name in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = Llama(config).to(device)
+        adahop.convert(model, "adahop")
+        adahop.fix_strategies(model, {n: fixed for n, _ in adahop.linear.quant_layers(model)})
+        run = model if name == "eager" else torch.compile(model, backend=backend)
+        toks = torch.randint(0, config.vocab_size, tokens, generator=torch.Generator().manual_seed(0)).to(device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autocast(device, dtype=torch.bfloat16):
+                loss = run(toks, toks)[1]
+            loss.backward()
+        grads[name] = _grads(model)
+    return _mismatches(grads["compiled"], grads["eager"], 0.8, 0.15)
+
+
+@pytest.mark.parametrize("strategy", FORWARD_STRATEGIES)
+def test_each_forward_strategy_compiles_to_the_eager_gradients(strategy):
+    config = LlamaConfig.from_name("tiny", vocab_size=VOCAB, n_layers=1)
+    bad = fixed_compiled_against_eager(strategy, "cpu", config, (BATCH, SEQ), "aot_eager")
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("strategy", FORWARD_STRATEGIES)
+def test_each_forward_strategy_compiles_to_the_eager_gradients_on_cuda(strategy, backend):
+    """At the 125m widths on the GPU: compiled BF16 and OE forwards once gave zero gradients there
+    (torch 2.11), and not on a CPU."""
+    config = LlamaConfig.from_name("125m", vocab_size=4096, n_layers=2)
+    bad = fixed_compiled_against_eager(strategy, "cuda", config, (8, 256), backend)
+    assert not bad, bad
+

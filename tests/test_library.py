@@ -119,6 +119,18 @@ def test_fp8_mm_opcheck_and_equal_to_the_dequantized_product(device, out_dtype):
         assert torch.allclose(got, want, rtol=2e-2 if out_dtype is torch.bfloat16 else 1e-5, atol=1e-3), (la, lb)
 
 
+@pytest.mark.parametrize("device", FP8_MM_DEVICES)
+def test_dense_mm_and_select_rows_opcheck_and_values(device):
+    a = torch.randn(64, 96, dtype=torch.bfloat16, device=device)
+    b = torch.randn(48, 96, dtype=torch.bfloat16, device=device)
+    idx = torch.tensor([3, 17, 40], device=device)
+    torch.library.opcheck(torch.ops.adahop.dense_mm.default, (a, b, torch.float32))
+    torch.library.opcheck(torch.ops.adahop.select_rows.default, (a.float(), idx))
+    assert torch.equal(library.dense_mm(a, b, torch.float32), (a @ b.t()).float())
+    rows = library.select_rows(a.float(), idx)
+    assert rows.dtype is torch.bfloat16 and torch.equal(rows, a[idx])
+
+
 def test_blockwise_fp8_mm_needs_k_in_whole_groups_of_four_blocks():
     from adahop import ops
     from adahop.linear.gemm import GemmConfig

@@ -434,6 +434,7 @@ def test_fix_strategies_runs_the_map_another_run_fixed():
     (lambda m: m.update({"9": m["0"]}), r"unknown \['9'\]"),
     (lambda m: m["0"].pop("wgrad"), "names the slots"),
     (lambda m: m["2"].update(wgrad="fp8"), "unknown strategy 'fp8'"),
+    (lambda m: m["2"].update(wgrad="iht+oe-left"), "wgrad cannot run 'iht\\+oe-left'.*use 'iht'"),
 ])
 def test_fix_strategies_refuses_a_map_that_does_not_fit(change, message):
     the_map = {n: {"fwd": "iht", "dgrad": "iht", "wgrad": "bf16"} for n in ("0", "2")}

@@ -80,7 +80,13 @@ def _amax(q: Quantized | None) -> torch.Tensor | None:
 
 
 class QuantLinearFunction(torch.autograd.Function):
-    """Y = X·Wᵀ + b with the three GEMMs of ``plan``. X ``(T, in)``, T a multiple of 32.
+    """Y = X·Wᵀ with the three GEMMs of ``plan``. X ``(T, in)``, T a multiple of 32.
+
+    The forward reads X and W through operators only (``adahop::*``: quantize, the GEMMs, the
+    outlier rows), never through an aten op, and the bias is added outside by autograd. Compiled on
+    the H200 (torch 2.11), layers whose forward multiplied X and W with aten ops (BF16 and OE
+    forward strategies) got zero gradients, through ``aot_eager`` as through Inductor, while the
+    layers whose forward reached X and W only through operators matched eager.
 
     ``w_param``: the weight parameter (W may be autocast's cast of it), read again by the backward
     under ``weight_from_param``. ``observer``: None, or (eager calibration only) the layer that
@@ -88,8 +94,7 @@ class QuantLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, w_param: torch.Tensor | None,
-                counter: torch.Tensor, plan: LayerPlan, observer: Any = None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, w_param: torch.Tensor | None, counter: torch.Tensor, plan: LayerPlan, observer: Any = None) -> torch.Tensor:
         fwd, dgrad, wgrad = plan.fwd, plan.dgrad, plan.wgrad
         g, k = plan.gemm, plan.k
         keep_x = wgrad.b if plan.need_backward else None
@@ -114,8 +119,6 @@ class QuantLinearFunction(torch.autograd.Function):
         elif fwd.strategy is Strategy.IHT_OE_RIGHT:
             b.outliers = top_rows(w, k, g.backend, _amax(wq))
         y = strategy_mm(fwd.strategy, a, b, k=k, out_dtype=x.dtype, config=g, counter=counter)
-        if bias is not None:
-            y = y + bias
         if not plan.need_backward:
             return y
         x_out = top_rows(x.t(), k, g.backend, _amax(xq_t)) if oe_x else (None, None)
@@ -129,7 +132,6 @@ class QuantLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(*_q_fields(xq_t), *_q_fields(wq_t), w_full, x_full, *x_out, *w_out,
                               *((xc.values, xc.scale) if xc is not None else (None, None)), w_param, counter.clone())
         ctx.plan, ctx.w_dtype, ctx.device_type = plan, w.dtype, x.device.type
-        ctx.has_bias = bias is not None
         ctx.observer = observer
         if measuring:
             ctx.x_sample = x[observer.sample_idx]
@@ -145,7 +147,7 @@ class QuantLinearFunction(torch.autograd.Function):
         g = gy.contiguous()
         if plan.weight_from_param:  # W again, in the forward's dtype
             w_full = w_param.detach().to(ctx.w_dtype)
-        dx = dw = db = None
+        dx = dw = None
         # The GEMMs take their operands' dtypes, whatever autocast state backward() is called in.
         # Under torch.compile the backward is traced where the forward ran, with autocast already
         # off (QuantLinear.forward), and an autocast context inside a traced backward breaks Dynamo.
@@ -179,8 +181,6 @@ class QuantLinearFunction(torch.autograd.Function):
                         x_src = library.dequantize(xc, xs, g.dtype, g_cfg.backend)
                     b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
                 dw = strategy_mm(wgrad.strategy, a, b, k=k, out_dtype=ctx.w_dtype, config=g_cfg, counter=counter)
-            if ctx.has_bias and ctx.needs_input_grad[2]:
-                db = g.sum(0, dtype=torch.float32).to(g.dtype)
             if ctx.observer is not None:
                 ctx.observer.observe_backward(g, w_full, getattr(ctx, "x_sample", None), counter)
-        return dx, dw, db, None, None, None, None
+        return dx, dw, None, None, None, None

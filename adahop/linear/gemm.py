@@ -288,7 +288,7 @@ def top_rows(x: torch.Tensor, k: int, backend: str = "reference", amax: torch.Te
     k = min(k, x.shape[0])
     amax = library.row_absmax(x, backend) if amax is None else amax
     idx = rank_outliers(amax, k)
-    return idx, x.index_select(0, idx).to(torch.bfloat16)
+    return idx, library.select_rows(x, idx)
 
 
 def mm(a: Quantized, b: Quantized, out_dtype: torch.dtype, config: GemmConfig) -> torch.Tensor:
@@ -323,7 +323,7 @@ def strategy_mm(
     """
     out_dtype = out_dtype or (a.src.dtype if a.src is not None else torch.float32)
     if not strategy.quantized:
-        return (a.full @ b.full.t()).to(out_dtype)
+        return library.dense_mm(a.full, b.full, out_dtype)
     if strategy.hot:
         return _hot_mm(strategy, a, b, out_dtype, config, counter)
     device = (a.src if a.src is not None else a.q.codes if a.q.codes is not None else a.q.fp8).device
@@ -338,11 +338,11 @@ def strategy_mm(
     if strategy is Strategy.IHT_OE_LEFT:
         idx, rows = a.outlier_rows(k, config.backend)
         other = b.full
-        out.index_copy_(0, idx, (rows.to(other.dtype) @ other.t()).to(out_dtype))
+        out.index_copy_(0, idx, library.dense_mm(rows.to(other.dtype), other, out_dtype))
     elif strategy is Strategy.IHT_OE_RIGHT:
         idx, rows = b.outlier_rows(k, config.backend)
         other = a.full
-        out.index_copy_(1, idx, (other @ rows.to(other.dtype).t()).to(out_dtype))
+        out.index_copy_(1, idx, library.dense_mm(other, rows.to(other.dtype), out_dtype))
     return out
 
 

@@ -243,13 +243,15 @@ class QuantLinear(nn.Linear):
         pad = (-tokens) % self.recipe.dim_multiple
         xp = F.pad(x2d, (0, 0, 0, pad)) if pad else x2d
         if self.phase != "fixed" and self.training and need_backward:
-            y = self._calibrating_forward(x2d, xp, w, b)
+            y = self._calibrating_forward(x2d, xp, w)
         else:
             plan = self._plan(xp.shape[0], xp.dtype, xp.device, need_backward)
             with torch.autocast(device_type, enabled=False):
-                y = QuantLinearFunction.apply(xp, w, b, self._w_param(plan), self.draw_state.value, plan, None)
+                y = QuantLinearFunction.apply(xp, w, self._w_param(plan), self.draw_state.value, plan, None)
         # Slice only when padded: a no-op slice still costs a zero-filled gradient and a copy in backward.
-        return (y[:tokens] if pad else y).reshape(*lead, self.out_features)
+        y = y[:tokens] if pad else y
+        # The bias outside the Function: autograd adds it and sums its gradient (see QuantLinearFunction).
+        return (y if b is None else y + b).reshape(*lead, self.out_features)
 
     def _w_param(self, plan: LayerPlan) -> torch.Tensor | None:
         # Passed only where the backward re-reads it: the Function takes no tensor twice (Dynamo).
@@ -257,7 +259,7 @@ class QuantLinear(nn.Linear):
 
     # -- calibration
 
-    def _calibrating_forward(self, x2d: torch.Tensor, xp: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+    def _calibrating_forward(self, x2d: torch.Tensor, xp: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         plan = self._plan(xp.shape[0], xp.dtype, xp.device, True)
         counter = self.draw_state.value
         sample_idx = None
@@ -269,7 +271,7 @@ class QuantLinear(nn.Linear):
         observer.tokens = x2d.shape[0]
         self._observe_forward(x2d, w, xp, sample_idx, counter)
         with torch.autocast(xp.device.type, enabled=False):
-            return QuantLinearFunction.apply(xp, w, b, self._w_param(plan), counter, plan, observer)
+            return QuantLinearFunction.apply(xp, w, self._w_param(plan), counter, plan, observer)
 
     @property
     def _collecting(self) -> Calibration:
@@ -361,6 +363,10 @@ class QuantLinear(nn.Linear):
         parsed = {slot: parse_strategy(strategies[slot]) for slot in SLOTS}
         for slot, strategy in parsed.items():
             check_slot(slot, strategy, f"layer {self.layer_id}")
+            if effective_strategy(slot, strategy) is not strategy:
+                raise ValueError(f"layer {self.layer_id}: {slot} cannot run {strategy.value!r} (X is saved only in "
+                                 f"MXFP4, so no BF16 rows of it are left for the backward); use "
+                                 f"{effective_strategy(slot, strategy).value!r}, as the policy does")
         return parsed
 
     def fix(self, strategies: Mapping[str, Strategy | str]) -> None:
