@@ -338,11 +338,11 @@ def strategy_mm(
     if strategy is Strategy.IHT_OE_LEFT:
         idx, rows = a.outlier_rows(k, config.backend)
         other = b.full
-        out.index_copy_(0, idx, library.dense_mm(rows.to(other.dtype), other, out_dtype))
+        out = out.index_copy(0, idx, library.dense_mm(rows.to(other.dtype), other, out_dtype))
     elif strategy is Strategy.IHT_OE_RIGHT:
         idx, rows = b.outlier_rows(k, config.backend)
         other = a.full
-        out.index_copy_(1, idx, library.dense_mm(other, rows.to(other.dtype), out_dtype))
+        out = out.index_copy(1, idx, library.dense_mm(other, rows.to(other.dtype), out_dtype))
     return out
 
 
