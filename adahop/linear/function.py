@@ -83,10 +83,9 @@ class QuantLinearFunction(torch.autograd.Function):
     """Y = X·Wᵀ with the three GEMMs of ``plan``. X ``(T, in)``, T a multiple of 32.
 
     The forward reads X and W through operators only (``adahop::*``: quantize, the GEMMs, the
-    outlier rows), never through an aten op, and the bias is added outside by autograd. Compiled on
-    the H200 (torch 2.11), layers whose forward multiplied X and W with aten ops (BF16 and OE
-    forward strategies) got zero gradients, through ``aot_eager`` as through Inductor, while the
-    layers whose forward reached X and W only through operators matched eager.
+    outlier rows), writes nothing in place, and the bias is added outside by autograd: Dynamo in
+    torch 2.11 mis-traces a Function whose forward applies an aten GEMM to its inputs or writes its
+    output in place (the compiled model got zero gradients upstream of such a layer; 2.13 does not).
 
     ``w_param``: the weight parameter (W may be autocast's cast of it), read again by the backward
     under ``weight_from_param``. ``observer``: None, or (eager calibration only) the layer that
