@@ -7,6 +7,7 @@ must be set before the first ``import triton``), so :data:`INTERPRETED` is read 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
@@ -34,16 +35,67 @@ def kernel_config_choice() -> int | None:
     return int(value)
 
 
-def fitting_configs(fits=None):
+def fitting_configs(fits=None, kernel=None):
     """The autotuner's ``prune_configs_by``: the configs ``fits(config, launch kwargs)`` keeps (all
-    without ``fits``), narrowed to one by :func:`kernel_config_choice`."""
+    without ``fits``), narrowed to one by :func:`kernel_config_choice`. With ``kernel`` (the autotuned
+    ``triton.jit`` function), a new autotune key compiles the kept configs in parallel first
+    (:func:`precompile`)."""
 
     def early_config_prune(configs, nargs, **kwargs):
         kept = [c for c in configs if fits is None or fits(c, kwargs)]
         choice = kernel_config_choice()
-        return kept if choice is None or not kept else [kept[choice % len(kept)]]
+        kept = kept if choice is None or not kept else [kept[choice % len(kept)]]
+        if kernel is not None and len(kept) > 1 and not INTERPRETED:
+            precompile(kernel, kept, {**nargs, **kwargs})
+        return kept
 
     return {"early_config_prune": early_config_prune}
+
+
+def autotune(kernel, configs: list, key: list[str], fits=None):
+    """``triton.autotune`` of ``kernel`` over ``configs`` with :func:`fitting_configs`."""
+    return triton.autotune(configs, key=key, prune_configs_by=fitting_configs(fits, kernel))(kernel)
+
+
+PARALLEL_COMPILE_ENV = "ADAHOP_COMPILE_THREADS"
+
+
+def compile_threads() -> int:
+    """Threads that compile an autotune key's configs: ``$ADAHOP_COMPILE_THREADS`` (0 or 1: one by
+    one, as the autotuner alone does), by default the CPUs this process may use, at most 16."""
+    value = os.environ.get(PARALLEL_COMPILE_ENV, "")
+    if value == "":
+        return min(16, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    if not value.isdigit():
+        raise ValueError(f"${PARALLEL_COMPILE_ENV} must be a non-negative int, got {value!r}")
+    return int(value)
+
+
+def precompile(kernel, configs: list, launch: dict) -> None:
+    """Compile ``kernel`` for each of ``configs`` as a launch with ``launch`` arguments would, in
+    parallel threads, without running it: the autotuner then times configs already compiled.
+
+    Triton's compile releases the GIL in its MLIR and LLVM passes and runs ptxas as a subprocess,
+    so threads overlap. Triton's ``AsyncCompileMode`` is its own hook for this: inside it a
+    ``warmup`` submits the compile to the executor and keys the result as the launch will. A config
+    that fails to compile is left to the autotuner's own launch, which reports it as before.
+    """
+    threads = compile_threads()
+    if threads < 2:
+        return
+    try:
+        from triton.runtime._async_compile import AsyncCompileMode, active_mode
+    except ImportError:  # a Triton without it: the autotuner compiles one by one
+        return
+    if active_mode.get() is not None:
+        return
+    args = {k: v for k, v in launch.items() if k not in ("grid", "warmup")}
+    with ThreadPoolExecutor(min(threads, len(configs))) as pool, AsyncCompileMode(pool, ignore_errors=True):
+        for config in configs:
+            try:
+                kernel.warmup(grid=(1,), **args, **config.all_kwargs())
+            except Exception:  # noqa: BLE001 - the autotuner's launch of this config raises it again
+                pass
 
 
 def check_device(t: torch.Tensor, name: str) -> None:

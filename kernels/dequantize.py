@@ -18,7 +18,7 @@ import triton.language as tl
 
 from adahop.checks import check_mxfp4_tensor
 from adahop.formats import MXFP4Tensor
-from adahop_kernels._common import INTERPRETED, check_device, e2m1_value, exp2_int, fitting_configs
+from adahop_kernels._common import INTERPRETED, autotune, check_device, e2m1_value, exp2_int
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The fp32 NaN bit pattern: a NaN-valued global constexpr breaks triton 3.6's check that globals
@@ -50,11 +50,12 @@ def _dequantize_kernel(codes_ptr, scales_ptr, out_ptr, n_rows, K, BLOCK_R: tl.co
     tl.store(out_ptr + rows * K + k[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok & (k < K)[None, :])
 
 
-_tuned_kernel = triton.autotune(
+_tuned_kernel = autotune(
+    _dequantize_kernel,
     [triton.Config({"BLOCK_R": r, "BLOCK_K": k}, num_warps=w)
      for r, k, w in ((8, 512, 4), (16, 512, 8), (4, 1024, 4), (32, 256, 8))],
-    key=["n_rows", "K"], prune_configs_by=fitting_configs(),
-)(_dequantize_kernel)
+    key=["n_rows", "K"],
+)
 
 
 def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

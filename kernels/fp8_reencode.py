@@ -35,11 +35,11 @@ from adahop.checks import check_mxfp4_operand
 from adahop.formats import FP8_GROUP, check_fp8_layout
 from adahop_kernels._common import (
     INTERPRETED,
+    autotune,
     check_device,
     e4m3_bits_of_e2m1,
     e4m3_words_of_code_words,
     exp2_int,
-    fitting_configs,
     group_broadcast,
     group_max,
 )
@@ -166,18 +166,19 @@ def _fp8_group_kernel(
                  K, k0, BLOCK_M, BLOCK_K, GROUP_M)
 
 
-_tuned_kernel = triton.autotune(
+_tuned_kernel = autotune(
+    _fp8_reencode_kernel,
     [triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=w)
      for m, k, w in ((8, 1024, 4), (16, 512, 4), (16, 1024, 8), (32, 512, 8), (4, 2048, 4))],
-    key=["M", "K"], prune_configs_by=fitting_configs(),
-)(_fp8_reencode_kernel)
+    key=["M", "K"],
+)
 # Tiles of whole groups: seg128 takes any row count, tile128 multiples of 128 rows.
-_tuned_group_kernel = triton.autotune(
+_tuned_group_kernel = autotune(
+    _fp8_group_kernel,
     [triton.Config({"BLOCK_M": m, "BLOCK_K": k}, num_warps=w)
      for m, k, w in ((8, 1024, 4), (16, 512, 4), (32, 512, 8), (128, 128, 4), (128, 256, 8), (128, 512, 16))],
-    key=["M", "K", "GROUP_M"],
-    prune_configs_by=fitting_configs(lambda c, kw: c.kwargs["BLOCK_M"] % kw["GROUP_M"] == 0),
-)(_fp8_group_kernel)
+    key=["M", "K", "GROUP_M"], fits=lambda c, kw: c.kwargs["BLOCK_M"] % kw["GROUP_M"] == 0,
+)
 
 
 def fp8_reencode(t: MXFP4Tensor, layout: str = "row") -> tuple[torch.Tensor, torch.Tensor]:

@@ -88,9 +88,9 @@ from triton.language.extra import libdevice
 from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, FP8_GROUP, MXFP4Tensor, check_fp8_layout
 from adahop_kernels._common import (
     INTERPRETED,
+    autotune,
     check_device,
     exp2_int,
-    fitting_configs,
     flip_sign,
     group_broadcast,
     group_max,
@@ -440,11 +440,9 @@ _GPU_CONFIGS = [
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
-_tuned_kernel = triton.autotune(
-    # No reset of the AMAX outputs between timed configs: a max over the same input is idempotent
-    # (and an unused pointer argument is x itself, which a reset would zero).
-    _GPU_CONFIGS, key=["M", "K", *_FLAGS], prune_configs_by=fitting_configs(_config_fits),
-)(_hadamard_quantize_kernel)
+# No reset of the AMAX outputs between timed configs: a max over the same input is idempotent
+# (and an unused pointer argument is x itself, which a reset would zero).
+_tuned_kernel = autotune(_hadamard_quantize_kernel, _GPU_CONFIGS, key=["M", "K", *_FLAGS], fits=_config_fits)
 
 
 @functools.lru_cache(maxsize=None)

@@ -160,10 +160,11 @@ def record(cases: Iterable[Case]) -> list[Launch]:
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(JITFunction, "run", jit_run))
         stack.enter_context(mock.patch.object(Autotuner, "run", autotuner_run))
-        # Every config the autotuner could pick, whatever the environment narrows a launch to.
-        from adahop_kernels._common import KERNEL_CONFIG_ENV
+        # Every config the autotuner could pick, whatever the environment narrows a launch to; no
+        # compiles ahead of the launch (their warm-ups would record each config twice).
+        from adahop_kernels._common import KERNEL_CONFIG_ENV, PARALLEL_COMPILE_ENV
 
-        stack.enter_context(mock.patch.dict(os.environ, {KERNEL_CONFIG_ENV: "tuned"}))
+        stack.enter_context(mock.patch.dict(os.environ, {KERNEL_CONFIG_ENV: "tuned", PARALLEL_COMPILE_ENV: "0"}))
         stack.enter_context(mock.patch.object(torch.cuda, "get_device_properties",
                                               lambda *a, **k: types.SimpleNamespace(multi_processor_count=H200_SMS)))
         for module in _kernel_modules():

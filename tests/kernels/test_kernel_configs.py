@@ -6,6 +6,8 @@ sets ``first``): one compile each instead of one per config. The tile shape neve
 (the kernels' contract), and ``test_every_config_matches_the_reference`` holds every config to it.
 """
 
+import collections
+
 import pytest
 import torch
 
@@ -14,7 +16,8 @@ import adahop_kernels.fp8_reencode as fr
 import adahop_kernels.hadamard_quantize as hq
 from adahop import ops
 from adahop.formats import MXFP4Tensor, dequantize_mxfp4_ref, to_fp8_ref
-from adahop_kernels._common import KERNEL_CONFIG_ENV, kernel_config_choice
+import adahop_kernels._common as common
+from adahop_kernels._common import KERNEL_CONFIG_ENV, PARALLEL_COMPILE_ENV, compile_threads, fitting_configs, kernel_config_choice
 from adahop_kernels.hadamard_quantize import Side, quantize
 
 # The launch flags of the layer's forward X step (tests/bench/test_bench_quantize.py).
@@ -55,6 +58,106 @@ def test_bad_choice_names_the_variable(value, monkeypatch):
     monkeypatch.setenv(KERNEL_CONFIG_ENV, value)
     with pytest.raises(ValueError, match=rf"\$ADAHOP_KERNEL_CONFIG must be 'tuned', 'first' or a config index, got '{value}'"):
         kernel_config_choice()
+
+
+class _Kernel:
+    """A stand-in for a ``triton.jit`` function: records each ``warmup`` and whether Triton's
+    async-compile mode was active for it (its compiles then go to the thread pool)."""
+
+    def __init__(self, fail: bool = False):
+        self.warmups, self.fail = [], fail
+
+    def warmup(self, *, grid, **kwargs):
+        from triton.runtime._async_compile import active_mode
+
+        self.warmups.append((kwargs, active_mode.get() is not None))
+        if self.fail:
+            raise RuntimeError("no such config")
+
+
+def _prune_on_gpu(monkeypatch, kernel, **launch):
+    monkeypatch.setattr(common, "INTERPRETED", False)  # what a GPU launch sees
+    prune = fitting_configs(lambda c, kw: c.kwargs["BLOCK_M"] % 128 == 0, kernel)["early_config_prune"]
+    return prune(hq._GPU_CONFIGS, {}, grid=lambda meta: (1,), warmup=False, **launch)
+
+
+def test_a_new_key_compiles_its_configs_together_first(monkeypatch):
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    monkeypatch.setenv(PARALLEL_COMPILE_ENV, "4")
+    kernel = _Kernel()
+    kept = _prune_on_gpu(monkeypatch, kernel, x_ptr="x", M=256)
+    assert len(kept) > 1 and all(c.kwargs["BLOCK_M"] % 128 == 0 for c in kept)
+    # One warmup per kept config, with the launch's arguments (not the autotuner's grid and flag)
+    # and the config's, all inside Triton's async-compile mode.
+    assert [w[0] for w in kernel.warmups] == [{"x_ptr": "x", "M": 256, **c.all_kwargs()} for c in kept]
+    assert all(active for _, active in kernel.warmups)
+
+
+def test_compile_failures_are_left_to_the_autotuner(monkeypatch):
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    monkeypatch.setenv(PARALLEL_COMPILE_ENV, "2")
+    kernel = _Kernel(fail=True)
+    kept = _prune_on_gpu(monkeypatch, kernel, M=256)
+    assert len(kernel.warmups) == len(kept) > 1
+
+
+@pytest.mark.parametrize("env", [{PARALLEL_COMPILE_ENV: "1"}, {PARALLEL_COMPILE_ENV: "0"}, {KERNEL_CONFIG_ENV: "first"}])
+def test_one_thread_or_one_config_compiles_nothing_ahead(env, monkeypatch):
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    kernel = _Kernel()
+    _prune_on_gpu(monkeypatch, kernel, M=256)
+    assert kernel.warmups == []
+
+
+def test_the_interpreter_compiles_nothing_ahead(monkeypatch):
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    monkeypatch.setattr(common, "INTERPRETED", True)
+    kernel = _Kernel()
+    fitting_configs(None, kernel)["early_config_prune"](hq._GPU_CONFIGS, {}, M=256)
+    assert kernel.warmups == []
+
+
+@pytest.mark.parametrize("value", ["many", "-2", "1.5"])
+def test_bad_thread_count_names_the_variable(value, monkeypatch):
+    monkeypatch.setenv(PARALLEL_COMPILE_ENV, value)
+    with pytest.raises(ValueError, match=rf"\$ADAHOP_COMPILE_THREADS must be a non-negative int, got '{value}'"):
+        compile_threads()
+
+
+def test_default_thread_count_is_the_usable_cpus(monkeypatch):
+    monkeypatch.delenv(PARALLEL_COMPILE_ENV, raising=False)
+    assert 1 <= compile_threads() <= 16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or hq.INTERPRETED, reason="compiles for a GPU")
+def test_the_autotuner_times_the_configs_compiled_ahead(monkeypatch):
+    """On a GPU: a new key's configs are compiled by the warm-ups, keyed as the timing launches key
+    them, so no timing launch compiles again; and the result is the reference's."""
+    from triton import knobs
+
+    monkeypatch.delenv(KERNEL_CONFIG_ENV, raising=False)
+    monkeypatch.setenv(PARALLEL_COMPILE_ENV, "4")
+    fn = hq._hadamard_quantize_kernel
+    # Forget what this process compiled and tuned, so the launch below is a new key.
+    monkeypatch.setattr(fn, "device_caches", collections.defaultdict(fn.create_binder))
+    monkeypatch.setattr(hq._tuned_kernel, "cache", {})
+    compiles = []
+
+    def hook(*, fn, is_manual_warmup, **_):
+        if fn.name.endswith("_hadamard_quantize_kernel"):
+            compiles.append(is_manual_warmup)
+        return False
+
+    monkeypatch.setattr(knobs.runtime, "jit_cache_hook", hook)
+    x = torch.randn(256, 512, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    side = Side(True, None, packed=False, fp8="tile128")
+    out, _ = quantize(x.cuda(), side, side)
+    timed = hq._tuned_kernel.configs_timings  # the configs the autotuner timed for this key
+    assert len(timed) > 1 and compiles == [True] * len(timed), compiles
+    fp8, scale = to_fp8_ref(ops.hadamard_quantize_ref(x, True), "tile128")
+    assert torch.equal(_u8(out.fp8), _u8(fp8)) and torch.equal(out.fp8_scale.cpu(), scale)
 
 
 def _each_config(tuner, monkeypatch):
