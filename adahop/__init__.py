@@ -13,11 +13,13 @@ Model-level API::
     model = adahop.convert(model, "adahop", skip=("lm_head",), **overrides)
     ...  # after every optimizer.step():
     adahop.on_optimizer_step(model)
+    with adahop.eager_while_calibrating(model):  # a compiled model's steps, while it calibrates
+        ...
     adahop.export_strategies(model)  # per-layer labels and strategies as JSON-ready data
     adahop.fix_strategies(model, {name: {"fwd": ..., "dgrad": ..., "wgrad": ...}})  # reuse a map
 """
 
-from adahop.linear import QuantLinear, convert, export_strategies, fix_strategies, on_optimizer_step
+from adahop.linear import QuantLinear, convert, eager_while_calibrating, export_strategies, fix_strategies, on_optimizer_step
 from adahop.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "RECIPES",
     "Recipe",
     "convert",
+    "eager_while_calibrating",
     "export_strategies",
     "fix_strategies",
     "get_recipe",

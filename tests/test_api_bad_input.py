@@ -16,6 +16,7 @@ another device.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import os
@@ -543,6 +544,11 @@ CASES += [
            "model must be an nn.Module, got str"),
     raises("step-not-a-module", "adahop.on_optimizer_step", lambda b: adahop.on_optimizer_step("model"), TypeError,
            "model must be an nn.Module, got str"),
+    raises("eager-not-a-module", "adahop.eager_while_calibrating", lambda b: adahop.eager_while_calibrating("model"),
+           TypeError, "model must be an nn.Module, got str"),
+    gives("eager-model-without-quant-layers", "adahop.eager_while_calibrating",
+          lambda b: type(adahop.eager_while_calibrating(nn.Sequential(nn.Linear(64, 64)))),
+          lambda out: out is contextlib.nullcontext),
     raises("fp8-layout-unknown", "formats.check_fp8_layout", lambda b: formats.check_fp8_layout("tile64", 128, 128),
            ValueError, "layout must be one of"),
     raises("fp8-ref-rows-not-tiles", "formats.to_fp8_ref",

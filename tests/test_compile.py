@@ -217,6 +217,37 @@ def test_model_compiled_before_calibration_runs_as_one_graph_once_fixed():
     assert applies == len(layers), f"the last graph holds {applies} of {len(layers)} layers"
 
 
+def test_calibrating_steps_run_eagerly_and_the_fixed_model_compiles_once():
+    """``eager_while_calibrating``: the calibrating steps of a compiled model compile nothing and
+    compute what the uncompiled model computes; the first fixed step compiles one graph, used after."""
+    torch._dynamo.reset()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    losses = {}
+    for name in ("eager", "compiled"):
+        model, opt = tiny_model("adahop")
+        run = torch.compile(model, backend=backend) if name == "compiled" else model
+        losses[name] = []
+        for step in range(4):
+            toks = batch(step)
+            with adahop.eager_while_calibrating(model), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                loss = run(toks, toks)[1]
+                loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses[name].append(loss.item())
+            if name == "compiled" and step < 2:
+                assert adahop.linear.calibrating(model) == (step == 0) and graphs == [], step
+        assert not adahop.linear.calibrating(model)
+    assert len(graphs) == 1  # the forward, compiled at the first fixed step (step 2) and reused at step 3
+    assert losses["compiled"][:2] == losses["eager"][:2]  # calibration ran the same eager code
+
+
 def _grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
 

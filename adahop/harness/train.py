@@ -6,7 +6,8 @@ What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches
    converted with ``adahop.convert(model, recipe)`` (every linear but the LM head) or, for the
    torchao peers of :data:`FLOAT8_PEERS`, with torchao's ``convert_to_float8_training`` (the LM
    head skipped too), optionally ``torch.compile``-d, and wrapped in DDP when ``WORLD_SIZE > 1``
-   (FSDP2 with ``fsdp``: see :func:`shard_fsdp`);
+   (FSDP2 with ``fsdp``: see :func:`shard_fsdp`); a compiled model runs eagerly while its layers
+   calibrate and compiles once they are fixed (``adahop.eager_while_calibrating``);
 2. forward + backward under bf16 autocast on CUDA (fp32 on CPU, see :class:`TrainConfig`),
    gradients all-reduced by DDP (reduce-scattered by FSDP) on the last micro-batch only;
 3. the loss (mean over ranks) and the gradient norm are checked: a non-finite value stops the
@@ -712,7 +713,9 @@ class Trainer:
             if self.cudagraphs:
                 # A new step: the graphs' previous outputs (last micro-batch's loss) are no longer read.
                 torch.compiler.cudagraph_mark_step_begin()
-            with sync:
+            # While layers calibrate (eager graph breaks), compiled code runs eagerly: the model
+            # compiles once, at the first fixed step (adahop.eager_while_calibrating).
+            with sync, adahop.eager_while_calibrating(self.model):
                 with self.autocast():
                     _, loss = self.ddp(x, y)
                 (loss / self.cfg.grad_accum).backward()
@@ -766,7 +769,7 @@ class Trainer:
         total = torch.zeros(2, device=self.device, dtype=torch.float64)
         for batch in self.eval_batches():
             x, y = self._to_device(batch)
-            with self.autocast():
+            with self.autocast(), adahop.eager_while_calibrating(self.model):
                 _, loss = self.runner(x, y)
             total += torch.stack([loss.double(), torch.ones((), device=self.device, dtype=torch.float64)])
         if self.dist.world_size > 1:

@@ -11,7 +11,9 @@
 from adahop.linear.convert import (
     SIBLINGS,
     advance_draws,
+    calibrating,
     convert,
+    eager_while_calibrating,
     export_strategies,
     fix_strategies,
     on_optimizer_step,
@@ -25,7 +27,7 @@ from adahop.linear.module import QuantLinear
 from adahop.linear.seeds import DrawState, derive_seed, draw_seed
 
 __all__ = [
-    "SIBLINGS", "advance_draws", "DrawState", "GemmConfig", "LayerPlan", "Operand", "QuantLinear", "QuantLinearFunction", "QuantSpec",
+    "SIBLINGS", "advance_draws", "calibrating", "DrawState", "eager_while_calibrating", "GemmConfig", "LayerPlan", "Operand", "QuantLinear", "QuantLinearFunction", "QuantSpec",
     "Quantized", "SavedTensorMeter", "SlotPlan", "Want", "convert", "derive_seed", "draw_seed", "export_strategies",
     "fix_strategies", "on_optimizer_step", "quant_layers", "quantize", "score_strategies", "slot_specs",
     "strategy_fixes", "strategy_mm", "top_rows",

@@ -3,8 +3,9 @@
 ::
 
     model = adahop.convert(model, "adahop", optimizer=opt)  # every nn.Linear but the LM head
-    model = torch.compile(model)                             # one graph once strategies are fixed
-    ...                                                      # train as usual
+    compiled = torch.compile(model)                          # one graph once strategies are fixed
+    with adahop.eager_while_calibrating(model):              # each step's forward and backward
+        loss_fn(compiled(x), y).backward()
     adahop.export_strategies(model)                          # labels and strategies, JSON-ready
 """
 
@@ -177,6 +178,31 @@ def _retrace_if_fixed_changes(layers: list[QuantLinear]) -> Iterator[None]:
     finally:  # a fix that failed half-way has still changed some layers
         if any((layer.phase == "fixed") != was for layer, was in zip(layers, before)):
             torch.compiler.reset()
+
+
+def calibrating(model: nn.Module) -> bool:
+    """Whether a QuantLinear of ``model`` is not fixed (calibrating or recalibrating): it observes
+    its operands eagerly then, a graph break in a compiled model."""
+    return any(layer.phase != "fixed" for _, layer in quant_layers(model))
+
+
+def eager_while_calibrating(model: nn.Module) -> contextlib.AbstractContextManager:
+    """A context in which ``torch.compile``-d code runs eagerly while a layer of ``model``
+    calibrates (``torch.compiler.set_stance("force_eager")``), and as compiled otherwise.
+
+    A compiled model with calibrating layers compiles the fragments between those graph breaks,
+    and the fix discards them (:func:`_retrace_if_fixed_changes`): compile work that no fixed step
+    uses. In this context the calibrating steps compile nothing, and the first fixed step compiles
+    the model once. Wrap each step's forward and backward (the trainer does); a recalibration
+    window runs eagerly too, and the graphs compiled before it serve again after it.
+    """
+    return _force_eager() if calibrating(model) else contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _force_eager() -> Iterator[None]:
+    with torch.compiler.set_stance("force_eager"):
+        yield
 
 
 def advance_draws(model: nn.Module) -> None:
