@@ -34,7 +34,7 @@ from quantize_steps import parse_shape  # noqa: E402
 from test_bench_quantize import LAYER_STEPS  # noqa: E402
 
 import adahop_kernels.hadamard_quantize as hq  # noqa: E402
-from adahop_kernels._common import PARALLEL_COMPILE_ENV, compile_threads  # noqa: E402
+from adahop_kernels._common import KERNEL_CONFIG_ENV, PARALLEL_COMPILE_ENV, compile_threads  # noqa: E402
 
 STEPS = [*LAYER_STEPS, ("packed-dual", hq.Side(True, None), hq.Side(True, None), "rne", (False, False))]
 
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for n in counts:
         with tempfile.TemporaryDirectory() as cache:
             env = {**os.environ, "TRITON_CACHE_DIR": cache, PARALLEL_COMPILE_ENV: str(n)}
-            env.pop("ADAHOP_KERNEL_CONFIG", None)
+            env.pop(KERNEL_CONFIG_ENV, None)  # every fitting config, as training tunes
             out = subprocess.run([sys.executable, __file__, "--child", "--shape", shape], env=env,
                                  capture_output=True, text=True, check=True).stdout
             runs[n] = json.loads(out.strip().splitlines()[-1])
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, (step, *_rest) in enumerate(STEPS):
         for n in counts:
             r = runs[n][i]
-            record = {"test": f"{step}[{rows}x{cols}]", "op": f"first launch of quantize step {step}", "threads": n,
+            record = {"test": f"{step}[{shape}]", "op": f"first launch of quantize step {step}", "threads": n,
                       "figure": r["first_launch_s"], "unit": "s", "second_launch_s": r["second_launch_s"],
                       "configs_timed": r["configs_timed"], "config": r["config"],
                       "ratio_to_peers": {f"threads={base}": runs[base][i]["first_launch_s"] / r["first_launch_s"]},

@@ -36,15 +36,19 @@ def test_quantize_steps_refuses_unknown_steps(argv, match, capsys):
     assert match.replace("\\", "") in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--baseline", "nowhere.py", "--out", "x.json"], "needs a CUDA GPU"),
+@pytest.mark.parametrize("script,argv,match", [
+    ("kernel_ab", ["--baseline", "nowhere.py", "--out", "x.json"], "needs a CUDA GPU"),
+    ("compile_ab", ["--out", "x.json"], "needs a CUDA GPU"),
+    ("compile_ab", ["--out", "x.json", "--threads", "1,many"], "--threads must be comma-separated ints, got '1,many'"),
+    ("compile_ab", ["--out", "x.json", "--threads", "1,-4"], "--threads must be non-negative, got '1,-4'"),
+    ("compile_ab", ["--out", "x.json", "--shape", "100x256"], "positive multiples of 128"),
 ])
-def test_kernel_ab_refuses_without_a_gpu(argv, match, capsys, monkeypatch):
+def test_ab_scripts_refuse_bad_arguments_and_a_missing_gpu(script, argv, match, capsys, monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit):
-        load("kernel_ab").main(argv)
+        load(script).main(argv)
     assert match in capsys.readouterr().err
 
 
@@ -86,18 +90,3 @@ def test_quantize_sweep_candidates_fit_some_layer_step():
     for bm, bk, warps, maxnreg in sweep.CANDIDATES:
         config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=warps, maxnreg=maxnreg)
         assert any(sweep.hq._config_fits(config, flags) for flags in steps), (bm, bk)
-
-
-@pytest.mark.parametrize("argv,match", [
-    (["--out", "x.json"], "needs a CUDA GPU"),
-    (["--out", "x.json", "--threads", "1,many"], "--threads must be comma-separated ints, got '1,many'"),
-    (["--out", "x.json", "--threads", "1,-4"], "--threads must be non-negative, got '1,-4'"),
-    (["--out", "x.json", "--shape", "100x256"], "positive multiples of 128"),
-])
-def test_compile_ab_refuses_bad_arguments(argv, match, capsys, monkeypatch):
-    import torch
-
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(SystemExit):
-        load("compile_ab").main(argv)
-    assert match in capsys.readouterr().err
