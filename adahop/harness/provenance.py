@@ -159,6 +159,8 @@ def provenance(
             "cuda": torch.version.cuda,
             "transformers": _version("transformers"),
             "lm_eval": _version("lm_eval"),
+            # The float8 peers' numbers depend on it as adahop's depend on triton.
+            "torchao": _version("torchao"),
         },
         "device": device_description(device),
         # ADAHOP_RUNS_PER_GPU: set it where several runs share one GPU, so that their rates are not
