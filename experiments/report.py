@@ -502,8 +502,10 @@ def kernel_tests_section(res: Results) -> list[str]:
         for r in doc["records"]:
             by_file[r["test"].split("::")[0]][r["outcome"]] += 1
         for f, c in sorted(by_file.items()):
-            rows.append([Path(doc["path"]).name, device(doc), f"`{f}`", ", ".join(f"{n} {o}" for o, n in sorted(c.items()))])
-    return table(["file", "device", "test file", "outcomes"], rows) + [
+            rows.append([Path(doc["path"]).name, (doc["provenance"].get("git_commit") or "?")[:7], device(doc), f"`{f}`",
+                         ", ".join(f"{n} {o}" for o, n in sorted(c.items()))])
+    # The commit tells a file's failures that a later file's passes supersede from those still open.
+    return table(["file", "commit", "device", "test file", "outcomes"], rows) + [
         "", "Written by `experiments/kernel_tests.py`; a file cut short by its time budget says so in its "
         "provenance.", "", source(*docs)]
 

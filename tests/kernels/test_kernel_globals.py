@@ -35,12 +35,12 @@ def _live_tensors() -> dict[int, torch.Tensor]:
     return {id(o): o for o in gc.get_objects() if isinstance(o, torch.Tensor)}
 
 
-def test_launches_keep_no_tensor_alive():
+def test_launches_keep_no_tensor_alive(device):
     """A kernel launch leaves no tensor behind (a host-side cache of a device tensor, say): under CUDA
     graphs the first launch may run inside a graph pool's warm-up or capture, and a tensor kept from
     it lives in memory the pool hands out again."""
-    x = torch.randn(128, 256)
-    seed = torch.tensor([3], dtype=torch.int64)
+    x = torch.randn(128, 256, device=device)
+    seed = torch.tensor([3], dtype=torch.int64, device=device)
     before = _live_tensors()
     for size in hq.HADAMARD_SIZES:
         for rounding in ("rne", "sr"):
