@@ -71,7 +71,6 @@ from adahop.harness.model import REFERENCE_VOCAB, export_hf
 from adahop.harness.provenance import check_replaceable, write_results
 from adahop.harness.train import (
     COMPILE_MODES,
-    FLOAT8_PEERS,
     RandomTokenBatches,
     TrainConfig,
     Trainer,
@@ -81,7 +80,6 @@ from adahop.harness.train import (
     init_distributed,
     read_vocab_size,
     summarize,
-    torchao_version,
 )
 
 # Exit status of a run stopped on SIGTERM after checkpointing (EX_TEMPFAIL: run it again to resume).
@@ -229,17 +227,12 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
         **summarize(history, calibration_windows=trainer.calibration_windows()),
     }
     write_results(results, [record], config={**dataclasses.asdict(cfg), "data": str(args.data)},
-                  seed=cfg.seed, device=trainer.device, extra_provenance=peer_provenance([cfg.recipe]))
+                  seed=cfg.seed, device=trainer.device)
     print(f"pretrain: {name}: val loss {record['final_val_loss']}, {record['tokens_per_s']:,.0f} tokens/s -> {results}")
 
 
 PROFILE_STEPS = 3
 BUSY_STEPS = 5
-
-
-def peer_provenance(recipes: Iterable[str]) -> dict[str, Any] | None:
-    """torchao's version for the provenance of results that have a torchao peer among ``recipes``."""
-    return {"torchao_version": torchao_version()} if any(r in FLOAT8_PEERS for r in recipes) else None
 
 
 def busy_split(intervals: Iterable[tuple[float, float]], wall_s: float) -> dict[str, float]:
@@ -384,8 +377,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             busy_text = f", GPU busy {gpu_busy['busy_fraction']:.0%} of wall time" if gpu_busy else ""
             print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB{busy_text}")
             # After each recipe: a run cut short keeps what it measured.
-            write_results(args.results, records, config=file_config, seed=cfg.seed, device=device,
-                          extra_provenance=peer_provenance(recipes))
+            write_results(args.results, records, config=file_config, seed=cfg.seed, device=device)
         del trainer, batches
         gc.collect()
         if torch.cuda.is_available():
