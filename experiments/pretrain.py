@@ -68,7 +68,7 @@ import yaml
 from adahop.harness.data import read_meta
 from adahop.linear import strategy_fixes
 from adahop.harness.model import REFERENCE_VOCAB, export_hf
-from adahop.harness.provenance import check_replaceable, write_results
+from adahop.harness.provenance import check_replaceable, compile_cache_files, write_results
 from adahop.harness.train import (
     COMPILE_MODES,
     RandomTokenBatches,
@@ -333,6 +333,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + busy + extra, eval_interval=0,
                                   checkpoint_interval=0, log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
+        caches = compile_cache_files()
         t_untimed = time.perf_counter()
         trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
         trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
@@ -359,6 +360,8 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             "compile_mode": cfg.compile_mode if cfg.compile else None,
             # wall time of building the model and its untimed steps (compilation, warm-up, calibration)
             "untimed_s": untimed_s,
+            # files in the compilers' caches when this recipe began: 0 for a cold start
+            "compile_cache_files": caches,
             "timed_steps": len(history),
             "step_time_s": seconds / len(history),
             "tokens_per_s": tps,

@@ -25,6 +25,21 @@ def test_write_results_carries_provenance(tmp_path):
     assert prov["versions"]["torch"]
 
 
+def test_compile_cache_files_counts_what_each_compiler_cached(tmp_path, monkeypatch):
+    triton_dir, inductor_dir = tmp_path / "triton", tmp_path / "inductor"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(inductor_dir))
+    assert provenance_module.compile_cache_files() == {"triton": None, "inductor": None}  # no folder yet
+    (triton_dir / "HASH").mkdir(parents=True)
+    inductor_dir.mkdir()
+    assert provenance_module.compile_cache_files() == {"triton": 0, "inductor": 0}  # a cold start
+    (triton_dir / "HASH" / "k.cubin").write_bytes(b"")
+    (triton_dir / "HASH" / "k.json").write_text("{}")
+    (inductor_dir / "fxgraph").mkdir()
+    (inductor_dir / "fxgraph" / "entry").write_text("")
+    assert provenance_module.compile_cache_files() == {"triton": 2, "inductor": 1}
+
+
 @suffixes
 def test_rerun_with_same_config_replaces(tmp_path, suffix):
     path = tmp_path / f"r{suffix}"

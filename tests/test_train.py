@@ -567,6 +567,7 @@ def test_throughput_records_mark_the_torchao_peer_and_its_version(profile, tmp_p
     doc = read_results(results)
     assert [(r["recipe"], r["peer"]) for r in doc["records"]] == [("bf16", None), ("float8-rowwise", "torchao")]
     assert doc["provenance"]["versions"]["torchao"] == torchao.__version__
+    assert all(set(r["compile_cache_files"]) == {"triton", "inductor"} for r in doc["records"])
     assert all(r["gpu_busy"] is None and r["fsdp"] is False for r in doc["records"])  # a CPU has no GPU time
     assert doc["provenance"]["config"]["busy_steps"] == 5
 

@@ -120,6 +120,28 @@ def gpu_state() -> dict[str, Any] | None:
     return {"gpus": gpus, "compute_processes": None if apps is None else len(apps)}
 
 
+def compile_cache_files() -> dict[str, int | None]:
+    """Files now in Triton's kernel cache and in Inductor's cache (None where a compiler or its
+    folder is missing). A run's startup time (compiling its model and kernels) is comparable
+    with another's only where both began with caches alike, empty or warm: recorded beside it."""
+    dirs: dict[str, str | None] = {}
+    try:
+        import triton
+
+        dirs["triton"] = triton.knobs.cache.dir
+    except (ImportError, AttributeError):  # no Triton, or one older than its knobs
+        dirs["triton"] = None
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        # as Inductor's cache_dir() finds it, without its side effects (it creates the folder)
+        dirs["inductor"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+    except (ImportError, AttributeError):
+        dirs["inductor"] = None
+    return {name: sum(len(files) for _, _, files in os.walk(d)) if d and os.path.isdir(d) else None
+            for name, d in dirs.items()}
+
+
 def git_state() -> tuple[str | None, bool | None]:
     """``(commit, dirty)`` of the code running: dirty when a tracked file outside
     :data:`GENERATED_PATHS` differs from the commit. A copy of the tree without its history (one
