@@ -504,7 +504,8 @@ def kernel_tests_section(res: Results) -> list[str]:
         for f, c in sorted(by_file.items()):
             rows.append([Path(doc["path"]).name, (doc["provenance"].get("git_commit") or "?")[:7], device(doc), f"`{f}`",
                          ", ".join(f"{n} {o}" for o, n in sorted(c.items()))])
-    # The commit tells a file's failures that a later file's passes supersede from those still open.
+    # With each file's commit a reader can tell failures that a later file's passes supersede from
+    # failures still open.
     return table(["file", "commit", "device", "test file", "outcomes"], rows) + [
         "", "Written by `experiments/kernel_tests.py`; a file cut short by its time budget says so in its "
         "provenance.", "", source(*docs)]
