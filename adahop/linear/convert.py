@@ -201,6 +201,8 @@ def eager_while_calibrating(model: nn.Module) -> contextlib.AbstractContextManag
 
 @contextlib.contextmanager
 def _force_eager() -> Iterator[None]:
+    # Not set_stance(...) itself as the returned context: constructing it already switches the
+    # stance, so a context made but never entered would leave the process eager.
     with torch.compiler.set_stance("force_eager"):
         yield
 
