@@ -46,8 +46,11 @@ GEMM runs on the FP8 tensor cores (``torch._scaled_mm``, the scales per row); th
 on the INT8 tensor cores (``torch._int_mm``, int32 accumulation, exact). On CPU, and under the
 reference backend, both are exact integer products in float64.
 
-Everything here is pure PyTorch on device tensors, with no host reads: SR draws come from a seed
-tensor (:func:`uniform`), so a compiled graph traces it whole.
+Nothing here reads the host: SR draws come from a seed tensor (:func:`uniform`). The transforms,
+scales and GEMM casts are PyTorch ops that a compiled graph traces; the rounding to integers is
+one operator (``adahop.library.hot_round``: a Triton pass on a GPU, :func:`round_int_ref` on CPU),
+because its counter hash, traced, is a long integer expression that Inductor generates slowly and
+that eager PyTorch runs as a dozen temporaries the size of the operand.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from typing import NamedTuple
 
 import torch
 
+from adahop import library
 from adahop.backend import Backend, resolve_backend
 from adahop.hadamard import _lowbias32
 from adahop.ops import GemmPath, device_gemm_path, fp8_mm
@@ -188,7 +192,8 @@ def uniform(shape: tuple[int, ...], seed: torch.Tensor) -> torch.Tensor:
     return ((_lowbias32(index ^ mix) >> 8).to(torch.float32) * 2.0**-24).reshape(shape)
 
 
-def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | None = None) -> IntTensor:
+def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | None = None,
+                 backend: str = "reference") -> IntTensor:
     """``t (rows, K)`` to symmetric integers in ``[-(2**(bits-1) - 1), 2**(bits-1) - 1]`` (int8).
 
     scaling: ``"tensor"`` (one scale, absmax / qmax: HOT's ``stoch``/``int`` quantizers),
@@ -196,7 +201,9 @@ def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | 
     ``12.1·rms − 12.2·mean|t|``, values beyond it clipped; the absmax where that clip is not
     positive). seed: None rounds to nearest (ties to even); an int64 ``(1,)`` tensor rounds
     stochastically, ``floor(|t|/s + u)`` with ``u`` from :func:`uniform` (unbiased within the clip).
-    A non-finite ``t`` gives a non-finite scale, so the product shows it. bits: 2 to 8.
+    A non-finite ``t`` gives a non-finite scale, so the product shows it (its NaN values are 0).
+    bits: 2 to 8. backend: where the rounding runs (``adahop.library.hot_round``: one Triton pass,
+    or :func:`round_int_ref`; the same bits). No temporary of ``t``'s size outlives its reduction.
 
     Equivalent to HOT's ``*_quantizer_BWD(t, bits)`` returning ``(x_int, s)``.
     """
@@ -208,17 +215,27 @@ def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | 
         raise ValueError(f"HOT quantizes 2-D operands, got shape {tuple(t.shape)}")
     qmax = 2 ** (bits - 1) - 1
     tf = t.to(torch.float32)
-    mag = tf.abs()
-    top = mag.amax(dim=1, keepdim=True) if scaling == "token" else mag.amax().reshape(1, 1)
+    if scaling == "token":
+        lo, hi = torch.aminmax(tf, dim=1, keepdim=True)
+    else:
+        lo, hi = (m.reshape(1, 1) for m in torch.aminmax(tf))
+    top = torch.maximum(-lo, hi)  # max |t| without an |t| copy; NaN propagates
     if scaling == "sawb":
         c1, c2 = SAWB_COEFFS
-        clip = (c1 * tf.square().mean().sqrt() - c2 * mag.mean()).reshape(1, 1)
+        # fp32 means of one transient temporary each (the two terms cancel to about a fifth).
+        clip = (c1 * tf.square().mean().sqrt() - c2 * tf.abs().mean()).reshape(1, 1)
         top = torch.where(clip > 0, clip, top)
     scale = top / qmax
     scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # all zeros: any scale; NaN stays
-    y = (tf / scale).clamp(-qmax, qmax)
+    return IntTensor(library.hot_round(tf, scale, seed, qmax, backend), scale)
+
+
+def round_int_ref(t: torch.Tensor, scale: torch.Tensor, qmax: int, seed: torch.Tensor | None) -> torch.Tensor:
+    """The reference of ``adahop.library.hot_round``: int8 ``clamp(t / scale, ±qmax)`` rounded to
+    nearest (ties to even) or, with ``seed``, ``sign · floor(|·| + u)`` (:func:`uniform`); NaN to 0."""
+    y = (t / scale).clamp(-qmax, qmax)
     q = y.round() if seed is None else torch.sign(y) * torch.floor(y.abs() + uniform(tuple(y.shape), seed))
-    return IntTensor(q.to(torch.int8), scale)
+    return torch.nan_to_num(q, nan=0.0).to(torch.int8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,26 +293,26 @@ def mm_int8(a: IntTensor, b_t: IntTensor, path: str, out_dtype: torch.dtype) -> 
 
 
 def dgrad(a: torch.Tensor, b: torch.Tensor, *, per_token: bool, seed: torch.Tensor | None, paths: HotPaths,
-          out_dtype: torch.dtype) -> torch.Tensor:
+          out_dtype: torch.dtype, backend: str = "reference") -> torch.Tensor:
     """HOT's ``dgrad``: ``A · Bᵀ`` for A = dY ``(T, out)`` and Bᵀ = Wᵀ ``(in, out)``, returns ``(T, in)``.
 
     Both transformed by the block-16 Hadamard along ``out`` (it cancels in the product), dY to
     INT4 stochastically (``seed``; None: to nearest) with a scale per token (``per_token``) or per
     tensor, Wᵀ to INT4 by SAWB. Equivalent to ``a @ b.T`` up to INT4 error.
     """
-    qa = quantize_int(block_hadamard(a), 4, "token" if per_token else "tensor", seed)
-    qb = quantize_int(block_hadamard(b), 4, "sawb")
+    qa = quantize_int(block_hadamard(a), 4, "token" if per_token else "tensor", seed, backend)
+    qb = quantize_int(block_hadamard(b), 4, "sawb", backend=backend)
     return mm_int4(qa, qb, paths.int4, out_dtype)
 
 
-def compress_tokens(x: torch.Tensor) -> IntTensor:
+def compress_tokens(x: torch.Tensor, backend: str = "reference") -> IntTensor:
     """HOT's activation buffer compression: ``x (T, in)`` projected along tokens
     (:func:`lowrank_tokens`) and SAWB-quantized to INT8: ``(T/2, in)`` int8 and a ``(1, 1)`` scale."""
-    return quantize_int(lowrank_tokens(x), 8, "sawb")
+    return quantize_int(lowrank_tokens(x), 8, "sawb", backend=backend)
 
 
 def wgrad(g: torch.Tensor, x: IntTensor, *, seed: torch.Tensor | None, paths: HotPaths,
-          out_dtype: torch.dtype) -> torch.Tensor:
+          out_dtype: torch.dtype, backend: str = "reference") -> torch.Tensor:
     """HOT's ``wgrad``: dW ``(out, in)`` from dY ``g (T, out)`` and the compressed X (``(T/2, in)``,
     :func:`compress_tokens`): dY projected along tokens, to INT8 stochastically (``seed``) per tensor.
 
@@ -303,11 +320,11 @@ def wgrad(g: torch.Tensor, x: IntTensor, *, seed: torch.Tensor | None, paths: Ho
     """
     if g.shape[0] != 2 * x.values.shape[0]:
         raise ValueError(f"dY has {g.shape[0]} tokens, the compressed X {x.values.shape[0]} (expected half)")
-    qg = quantize_int(lowrank_tokens(g), 8, "tensor", seed)
+    qg = quantize_int(lowrank_tokens(g), 8, "tensor", seed, backend)
     return mm_int8(IntTensor(qg.values.t(), qg.scale), x, paths.int8, out_dtype)
 
 
-def selection_errors(g: torch.Tensor, seed: torch.Tensor) -> dict[str, tuple[float, float]]:
+def selection_errors(g: torch.Tensor, seed: torch.Tensor, backend: str = "reference") -> dict[str, tuple[float, float]]:
     """``(squared error, squared reference)`` of dY ``g (T, out)`` under HOT's two INT4 dgrad
     quantizers, by strategy name: ``hot-int4`` (per tensor) and ``hot-int4-token`` (per token), one
     stochastic draw each from ``seed``, measured on dY as it is (HOT's layer-wise selection).
@@ -316,6 +333,6 @@ def selection_errors(g: torch.Tensor, seed: torch.Tensor) -> dict[str, tuple[flo
     ref2 = gf.double().square().sum().item()
     out = {}
     for name, scaling in (("hot-int4", "tensor"), ("hot-int4-token", "token")):
-        err = quantize_int(gf, 4, scaling, seed).dequantize() - gf
+        err = quantize_int(gf, 4, scaling, seed, backend).dequantize() - gf
         out[name] = (err.double().square().sum().item(), ref2)
     return out

@@ -418,3 +418,31 @@ def random_signs(n: int, mix: int, device: torch.device, dtype: torch.dtype) -> 
 @random_signs.register_fake
 def _(n, mix, device, dtype):
     return torch.empty(n, dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------------------------------
+# hot_round: HOT's integer rounding (adahop.hot.quantize_int's one whole-tensor pass)
+
+
+@torch.library.custom_op("adahop::hot_round", mutates_args=())
+def hot_round(t: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None, qmax: int, backend: str) -> torch.Tensor:
+    """int8 ``clamp(t / scale, ±qmax)`` of fp32 ``t (rows, K)``, rounded to nearest (``seed`` None)
+    or stochastically from the int64 ``seed (1,)``; ``scale`` fp32 ``(rows, 1)`` or ``(1, 1)``.
+    Equivalent to :func:`adahop.hot.round_int_ref`, which runs under the reference backend.
+
+    An operator, not traced PyTorch: the reference's counter hash is a long int64 expression that
+    Inductor would generate anew for each shape and that eager PyTorch runs as a dozen
+    whole-tensor temporaries.
+    """
+    if backend == "triton":
+        from adahop_kernels.hot_round import hot_round as kernel
+
+        return kernel(t, scale, qmax, seed)
+    from adahop.hot import round_int_ref  # adahop.hot imports this module
+
+    return round_int_ref(t, scale, qmax, seed)
+
+
+@hot_round.register_fake
+def _(t, scale, seed, qmax, backend):
+    return t.new_empty(t.shape, dtype=torch.int8)

@@ -72,6 +72,16 @@ def test_fp8_encode_dequantize_row_absmax_opcheck(device, backend):
                        dequantize_mxfp4_ref(MXFP4Tensor(codes, scales)))
 
 
+@pytest.mark.parametrize("device, backend", CASES)
+@pytest.mark.parametrize("rows_scaled", [False, True])
+def test_hot_round_opcheck(device, backend, rows_scaled):
+    backend = runnable(backend, device)
+    t = torch.randn(64, 48, device=device)
+    scale = (t.abs().amax(1, keepdim=True) if rows_scaled else t.abs().amax().reshape(1, 1)) / 7
+    for draw in (None, seed(device)):
+        torch.library.opcheck(torch.ops.adahop.hot_round.default, (t, scale, draw, 7, backend))
+
+
 # These three operators are the kernels alone (adahop.ops holds their references): they run where
 # the kernels do, CUDA tensors on a GPU machine and CPU ones under the interpreter.
 KERNEL_DEVICES = [d for d, b in CASES if b == "triton"]

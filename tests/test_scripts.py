@@ -90,3 +90,15 @@ def test_quantize_sweep_candidates_fit_some_layer_step():
     for bm, bk, warps, maxnreg in sweep.CANDIDATES:
         config = triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=warps, maxnreg=maxnreg)
         assert any(sweep.hq._config_fits(config, flags) for flags in steps), (bm, bk)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["--dims", "1024", "--out", "x.json"], "--dims must be IN,OUT"),
+    (["--dims", "1000,1024", "--out", "x.json"], "positive multiples of 16"),
+    (["--tokens", "100", "--out", "x.json"], "positive multiple of 32"),
+    ([], "--out is required"),
+])
+def test_hot_ab_refuses_bad_arguments(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        load("hot_ab").main(argv)
+    assert match in capsys.readouterr().err

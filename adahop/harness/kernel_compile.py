@@ -421,10 +421,14 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
     from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
     from adahop_kernels.outliers import row_absmax
     from adahop_kernels.pattern_stats import abs_median, scaled_mean_squares
+    from adahop_kernels.hot_round import hot_round
     from adahop_kernels.signs import random_signs
 
     cases = [Case(f"fp8_reencode({layout})", lambda layout=layout: fp8_reencode(_mxfp4(256, 512), layout))
              for layout in ("row", "seg128", "tile128")]
+    seed = torch.full((1,), SEED, dtype=torch.int64)
+    cases += [Case("hot_round(per tensor, to nearest)", lambda: hot_round(torch.zeros(256, 512), torch.ones(1, 1), 127, None)),
+              Case("hot_round(per row, stochastic)", lambda: hot_round(torch.zeros(256, 512), torch.ones(256, 1), 7, seed))]
     for d in dtypes:
         s = _SHORT[d]
         cases += [

@@ -101,7 +101,7 @@ class QuantLinearFunction(torch.autograd.Function):
         oe_x = plan.need_backward and wgrad.strategy is Strategy.IHT_OE_RIGHT
         oe_w = plan.need_backward and dgrad.strategy is Strategy.IHT_OE_RIGHT
         # HOT's buffer compression: X kept projected along tokens, in INT8.
-        xc = hot.compress_tokens(x) if plan.need_backward and wgrad.strategy.hot else None
+        xc = hot.compress_tokens(x, g.backend) if plan.need_backward and wgrad.strategy.hot else None
         if fwd.strategy.quantized:
             xq, xq_t = quantize_pair(x, fwd.a, keep_x, g.want(fwd.layout_a, fwd.strategy is Strategy.IHT_OE_LEFT),
                                      Want(True, None, oe_x), counter, g.backend)

@@ -357,10 +357,12 @@ def _hot_mm(strategy: Strategy, a: Operand, b: Operand, out_dtype: torch.dtype, 
     paths = hot.paths_for(config.path)
     if strategy is Strategy.HOT_LOWRANK_INT8:
         # Both operands along tokens: their token-major forms are the sources as stored.
-        x = b.q if isinstance(b.q, hot.IntTensor) else hot.compress_tokens(b.src if b.transpose else b.full.t())
-        return hot.wgrad(a.src if a.transpose else a.full.t(), x, seed=seed, paths=paths, out_dtype=out_dtype)
+        x = b.q if isinstance(b.q, hot.IntTensor) else hot.compress_tokens(b.src if b.transpose else b.full.t(),
+                                                                           config.backend)
+        return hot.wgrad(a.src if a.transpose else a.full.t(), x, seed=seed, paths=paths, out_dtype=out_dtype,
+                         backend=config.backend)
     return hot.dgrad(a.full, b.full, per_token=strategy is Strategy.HOT_INT4_TOKEN, seed=seed, paths=paths,
-                     out_dtype=out_dtype)
+                     out_dtype=out_dtype, backend=config.backend)
 
 
 def _rows(q: Quantized | MXFP4Tensor) -> int:
