@@ -446,3 +446,22 @@ def hot_round(t: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None, q
 @hot_round.register_fake
 def _(t, scale, seed, qmax, backend):
     return t.new_empty(t.shape, dtype=torch.int8)
+
+
+@torch.library.custom_op("adahop::signs_from_seed", mutates_args=())
+def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype, backend: str) -> torch.Tensor:
+    """The ±1 vector ``(n,)`` of ``dtype`` for the int64 ``seed (1,)``, on its device (the signs
+    kernel, or :func:`adahop.linear.seeds.signs_from_seed_ref`). An operator for the reason
+    :func:`hot_round` is one: the hash, traced, is an expression Inductor generates slowly."""
+    if backend == "triton":
+        from adahop_kernels.signs import signs_from_seed as kernel
+
+        return kernel(n, seed, dtype)
+    from adahop.linear.seeds import signs_from_seed_ref  # adahop.linear imports this module
+
+    return signs_from_seed_ref(n, seed, dtype)
+
+
+@signs_from_seed.register_fake
+def _(n, seed, dtype, backend):
+    return seed.new_empty((n,), dtype=dtype)

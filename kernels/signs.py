@@ -3,7 +3,9 @@
 Sign ``i`` is the top bit of ``lowbias32(i XOR lowbias32(seed))`` in 32-bit unsigned arithmetic,
 the reference's integer hash bit for bit; one launch instead of the reference's ~25 elementwise
 kernels, which a training step of the random-sign recipes (tseng, quartet-style) asks for four
-times per layer.
+times per layer. :func:`signs_from_seed` reads the seed from an int64 device tensor (the layer's
+per-step draws): no host read, and under ``torch.compile`` one opaque operator instead of the
+hash traced, which Inductor took longer to generate than the rest of a recipe's graph.
 """
 
 from __future__ import annotations
@@ -33,6 +35,25 @@ def _signs_kernel(out_ptr, n, mix_lo, mix_hi, BLOCK: tl.constexpr):
     h = _lowbias32(i.to(tl.uint32) ^ mix)
     sign = 1.0 - 2.0 * (h >> 31).to(tl.float32)
     tl.store(out_ptr + i, sign.to(out_ptr.dtype.element_ty), mask=i < n)
+
+
+@triton.jit
+def _seeded_signs_kernel(out_ptr, n, seed_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mix = _lowbias32(tl.load(seed_ptr).to(tl.uint32))  # the seed's low 32 bits, as the reference masks
+    h = _lowbias32(i.to(tl.uint32) ^ mix)
+    sign = 1.0 - 2.0 * (h >> 31).to(tl.float32)
+    tl.store(out_ptr + i, sign.to(out_ptr.dtype.element_ty), mask=i < n)
+
+
+def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The ±1 vector of length ``n`` for the int64 seed tensor ``seed`` (one element), on its device."""
+    check_device(seed, "seed")
+    out = torch.empty(n, dtype=dtype, device=seed.device)
+    if n:
+        block = 1 << 16 if INTERPRETED else BLOCK
+        _seeded_signs_kernel[(triton.cdiv(n, block),)](out, n, seed, BLOCK=block)
+    return out
 
 
 def random_signs(n: int, mix: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:

@@ -82,6 +82,14 @@ def test_hot_round_opcheck(device, backend, rows_scaled):
         torch.library.opcheck(torch.ops.adahop.hot_round.default, (t, scale, draw, 7, backend))
 
 
+@pytest.mark.parametrize("device, backend", CASES)
+def test_signs_from_seed_opcheck_and_equal_on_both_backends(device, backend):
+    backend = runnable(backend, device)
+    torch.library.opcheck(torch.ops.adahop.signs_from_seed.default, (96, seed(device), torch.bfloat16, backend))
+    assert torch.equal(library.signs_from_seed(96, seed(device), torch.float32, backend),
+                       library.signs_from_seed(96, seed(device), torch.float32, "reference"))
+
+
 # These three operators are the kernels alone (adahop.ops holds their references): they run where
 # the kernels do, CUDA tensors on a GPU machine and CPU ones under the interpreter.
 KERNEL_DEVICES = [d for d, b in CASES if b == "triton"]
@@ -93,6 +101,7 @@ def test_pattern_statistics_and_signs_opcheck(device):
     torch.library.opcheck(torch.ops.adahop.abs_median.default, (x,))
     torch.library.opcheck(torch.ops.adahop.scaled_mean_squares.default, (x, None, None))
     torch.library.opcheck(torch.ops.adahop.random_signs.default, (96, 12345, torch.device(device), torch.float32))
+    torch.library.opcheck(torch.ops.adahop.signs_from_seed.default, (96, seed(device), torch.float32, "triton"))
 
 
 def test_unknown_request_flags_and_layouts_are_refused():

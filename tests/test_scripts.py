@@ -96,9 +96,10 @@ def test_quantize_sweep_candidates_fit_some_layer_step():
     (["--dims", "1024", "--out", "x.json"], "--dims must be IN,OUT"),
     (["--dims", "1000,1024", "--out", "x.json"], "positive multiples of 16"),
     (["--tokens", "100", "--out", "x.json"], "positive multiple of 32"),
+    (["--recipes", "hot,bf16", "--out", "x.json"], "not quantized recipes"),
     ([], "--out is required"),
 ])
-def test_hot_ab_refuses_bad_arguments(argv, match, capsys):
+def test_hash_ops_ab_refuses_bad_arguments(argv, match, capsys):
     with pytest.raises(SystemExit):
-        load("hot_ab").main(argv)
+        load("hash_ops_ab").main(argv)
     assert match in capsys.readouterr().err

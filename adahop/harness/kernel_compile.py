@@ -422,7 +422,7 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
     from adahop_kernels.outliers import row_absmax
     from adahop_kernels.pattern_stats import abs_median, scaled_mean_squares
     from adahop_kernels.hot_round import hot_round
-    from adahop_kernels.signs import random_signs
+    from adahop_kernels.signs import random_signs, signs_from_seed
 
     cases = [Case(f"fp8_reencode({layout})", lambda layout=layout: fp8_reencode(_mxfp4(256, 512), layout))
              for layout in ("row", "seg128", "tile128")]
@@ -433,6 +433,7 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
         s = _SHORT[d]
         cases += [
             Case(f"random_signs({s})", lambda d=d: random_signs(4096, 0x9E3779B9, torch.device("cpu"), d)),
+            Case(f"signs_from_seed({s})", lambda d=d: signs_from_seed(4096, seed, d)),
             Case(f"dequantize(-> {s})", lambda d=d: dequantize(_mxfp4(256, 512), d)),
             Case(f"mxfp4_mm_dot_scaled(-> {s})", lambda d=d: mxfp4_mm_dot_scaled(_mxfp4(256, 512), _mxfp4(384, 512), d)),
             Case(f"row_absmax({s} rows)", lambda d=d: row_absmax(torch.zeros((256, 4096), dtype=d))),

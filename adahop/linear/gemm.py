@@ -126,10 +126,11 @@ class GemmConfig:
 REFERENCE_GEMM = GemmConfig(GemmPath.REFERENCE, "reference")
 
 
-def _signs(spec: QuantSpec | None, n: int, counter: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+def _signs(spec: QuantSpec | None, n: int, counter: torch.Tensor, dtype: torch.dtype,
+           backend: str) -> torch.Tensor | None:
     if spec is None or not (spec.hadamard and spec.signs_salt is not None):
         return None
-    return signs_from_seed(n, draw_seed(counter, spec.signs_salt), dtype)
+    return signs_from_seed(n, draw_seed(counter, spec.signs_salt), dtype, backend)
 
 
 def _request(spec: QuantSpec | None, want: Want | None) -> str:
@@ -175,8 +176,10 @@ def quantize_pair(
                 quantize_pair(t, None, along_first, None, want_first, counter, backend)[1])
     lead = along_last if along_last is not None else along_first
     seed = draw_seed(counter, lead.salt if lead.salt is not None else 0) if lead.draws else None
+    signs_k = _signs(along_last, t.shape[1], counter, t.dtype, backend)
+    signs_m = _signs(along_first, t.shape[0], counter, t.dtype, backend)
     outs = library.quantize(
-        t, _signs(along_last, t.shape[1], counter, t.dtype), _signs(along_first, t.shape[0], counter, t.dtype), seed,
+        t, signs_k, signs_m, seed,
         _request(along_last, want_last), _request(along_first, want_first),
         lead.hadamard_size, lead.rounding, "propagate", backend,
     )

@@ -24,6 +24,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from adahop import library
+from adahop.hadamard import _lowbias32
+
 _MASK64 = (1 << 64) - 1
 _MASK31 = (1 << 31) - 1
 SLOT_CODES = {"fwd": 1, "dgrad": 2, "wgrad": 3}
@@ -63,25 +66,18 @@ def draw_seed(counter: torch.Tensor, salt: int) -> torch.Tensor:
     return _mix31((_mix31(counter.reshape(1) & _MASK31) + (salt & _MASK31)) & _MASK31)
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    # (x * c) mod 2**32 for x < 2**32 without int64 overflow: c in 16-bit halves.
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & 0xFFFFFFFF
-
-
-def _lowbias32(x: torch.Tensor) -> torch.Tensor:
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = _mul32(x, 0x846CA68B)
-    return x ^ (x >> 16)
-
-
-def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype, backend: str = "reference") -> torch.Tensor:
     """The ±1 vector of length ``n`` for a seed tensor, on the seed's device.
 
     Equivalent to :func:`adahop.hadamard.random_signs` ``(n, int(seed))``, computed from the tensor
-    without reading it on the host.
+    without reading it on the host: ``adahop.library.signs_from_seed`` (the signs kernel, or
+    :func:`signs_from_seed_ref` under the reference backend).
     """
+    return library.signs_from_seed(n, seed.reshape(1), dtype, backend)
+
+
+def signs_from_seed_ref(n: int, seed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The reference of :func:`signs_from_seed`: the hash in int64 PyTorch ops."""
     mix = _lowbias32(seed.reshape(()) & 0xFFFFFFFF)
     index = torch.arange(n, dtype=torch.int64, device=seed.device)
     return (1 - 2 * (_lowbias32(index ^ mix) >> 31)).to(dtype)

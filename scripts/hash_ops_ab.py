@@ -1,20 +1,25 @@
-"""HOT's integer rounding as one operator (``adahop::hot_round``) against the same rounding traced
-as PyTorch ops (:func:`adahop.hot.round_int_ref` called inline, which is what the layer ran before
-the operator existed).
+"""The layer's counter-hash draws as operators against the same draws traced as PyTorch ops.
 
-    python scripts/hot_ab.py --out results/microbench/cpu/hot-ab.json      # CPU: compile time only
-    python scripts/hot_ab.py --out results/microbench/gpu/hot-ab.json --model 125m --tokens 16384
+Two operators replace int64 PyTorch expressions of the ``lowbias32`` hash: ``adahop::hot_round``
+(HOT's stochastic rounding to integers; :func:`adahop.hot.round_int_ref` inline is the ``traced``
+variant) and ``adahop::signs_from_seed`` (the random signs of tseng and quartet-style;
+:func:`adahop.linear.seeds.signs_from_seed_ref` inline). Traced, each hash is a deep expression
+whose every value is read twice per step, which Inductor's lowering expands before CSE folds it.
 
-Each variant runs in a child process with empty Inductor and Triton caches:
+    python scripts/hash_ops_ab.py --out results/microbench/cpu/hash-ops-ab.json   # CPU: compile time
+    python scripts/hash_ops_ab.py --out results/microbench/gpu/hash-ops-ab.json --tokens 16384 --dims 4096,4096
+
+For each recipe (``--recipes``) and variant, a child process with empty Inductor and Triton caches
+measures:
 
 * ``first_compiled_step_s``: the wall time of the first ``torch.compile``d optimizer step of the
-  project's Llama (``--model``, ``--layers``) under the ``hot`` recipe, strategies fixed after an
-  eager calibration (Dynamo, AOT autograd and Inductor's code generation for forward and
+  project's Llama (``--model``, ``--layers``), strategies fixed after an eager calibration where
+  the recipe calibrates (Dynamo, AOT autograd and Inductor's code generation for forward and
   backward), and ``compiled_step_s``, the median of the next three;
-* one HOT layer ``--dims IN,OUT`` over ``--tokens`` tokens, eager, fixed: forward + backward
-  time and, on CUDA, its peak memory above the inputs (``torch.cuda.max_memory_allocated``), and
-  the digest of its gradients, which must be equal between the variants (the operator and the
-  reference round alike, bit for bit).
+* one converted layer ``--dims IN,OUT`` over ``--tokens`` tokens, eager: forward + backward time
+  and, on CUDA, its peak memory above the inputs (``torch.cuda.max_memory_allocated``), and the
+  digest of its gradients, which must be equal between the variants (the operators and their
+  references draw alike, bit for bit).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ import adahop
 from adahop import hot, library
 from adahop.harness.model import Llama, LlamaConfig
 from adahop.harness.provenance import write_results
+from adahop.linear import seeds
+from adahop.recipes import RECIPES
 
 VARIANTS = ("op", "traced")
 VOCAB, BATCH, SEQ = 256, 2, 64
@@ -47,11 +54,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _compile_time(model_name: str, layers: int, device: torch.device) -> dict:
+def _calibration(recipe: str, steps: int) -> dict:
+    return {"calibration_steps": steps} if RECIPES[recipe].policy else {}
+
+
+def _compile_time(recipe: str, model_name: str, layers: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     model = Llama(LlamaConfig.from_name(model_name, vocab_size=VOCAB, n_layers=layers)).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    adahop.convert(model, "hot", optimizer=opt, calibration_steps=2)
+    adahop.convert(model, recipe, optimizer=opt, **_calibration(recipe, 2))
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)).to(device)
 
     def step(fn) -> float:
@@ -69,10 +80,10 @@ def _compile_time(model_name: str, layers: int, device: torch.device) -> dict:
     return {"first_compiled_step_s": first, "compiled_step_s": statistics.median(step(compiled) for _ in range(3))}
 
 
-def _layer(dims: tuple[int, int], tokens: int, device: torch.device) -> dict:
+def _layer(recipe: str, dims: tuple[int, int], tokens: int, device: torch.device) -> dict:
     torch.manual_seed(0)
     layer = nn.Sequential(nn.Linear(*dims, bias=False)).to(device, torch.bfloat16)
-    adahop.convert(layer, "hot", calibration_steps=1, skip=())
+    adahop.convert(layer, recipe, skip=(), **_calibration(recipe, 1))
     x = torch.randn(tokens, dims[0], device=device, dtype=torch.bfloat16, requires_grad=True)
     g = torch.randn(tokens, dims[1], device=device, dtype=torch.bfloat16)
 
@@ -118,6 +129,15 @@ def parse_dims(text: str) -> tuple[int, int]:
     return dims
 
 
+def parse_recipes(text: str) -> list[str]:
+    """Comma-separated recipes whose layers draw through the hash operators."""
+    names = text.split(",")
+    unknown = [n for n in names if n not in RECIPES or not RECIPES[n].swaps_linear]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"--recipes: {unknown} are not quantized recipes of the registry")
+    return names
+
+
 def parse_tokens(text: str) -> int:
     """Tokens of the one-layer measurement: a positive multiple of HOT's token block."""
     if not text.isdigit() or int(text) <= 0 or int(text) % hot.TOKEN_BLOCK:
@@ -127,18 +147,22 @@ def parse_tokens(text: str) -> int:
 
 def child(args: argparse.Namespace) -> None:
     if args.child == "traced":
-        # The rounding as inline PyTorch ops: traced by Dynamo, generated by Inductor, run eagerly op by op.
+        # The draws as inline PyTorch ops: traced by Dynamo, generated by Inductor, run eagerly op by op.
         library.hot_round = lambda t, scale, seed, qmax, backend: hot.round_int_ref(t, scale, qmax, seed)
+        library.signs_from_seed = lambda n, seed, dtype, backend: seeds.signs_from_seed_ref(n, seed, dtype)
     device = torch.device(args.device)
-    out = {"variant": args.child, "model": args.model, "layers": args.layers,
-           **_compile_time(args.model, args.layers, device)}
-    out.update({"layer_dims": list(args.dims), "tokens": args.tokens, **_layer(args.dims, args.tokens, device)})
+    recipe = args.recipes[0]
+    out = {"recipe": recipe, "variant": args.child, "model": args.model, "layers": args.layers,
+           **_compile_time(recipe, args.model, args.layers, device)}
+    out.update({"layer_dims": list(args.dims), "tokens": args.tokens, **_layer(recipe, args.dims, args.tokens, device)})
     print(json.dumps(out))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, help="results file (required unless --child)")
+    parser.add_argument("--recipes", type=parse_recipes, default=["hot", "tseng"],
+                        help="comma-separated recipes (default hot,tseng)")
     parser.add_argument("--model", default="tiny", help="model size of adahop.harness.model (default tiny)")
     parser.add_argument("--layers", type=int, default=1, help="its transformer blocks (default 1)")
     parser.add_argument("--dims", type=parse_dims, default=(1024, 1024), help="IN,OUT of the one-layer measurement")
@@ -152,24 +176,31 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required")
     records = []
-    for variant in VARIANTS:
-        with tempfile.TemporaryDirectory() as cache:
-            env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
-            cmd = [sys.executable, __file__, "--child", variant, "--model", args.model, "--layers", str(args.layers),
-                   "--dims", ",".join(map(str, args.dims)), "--tokens", str(args.tokens), "--device", args.device]
-            proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if proc.returncode:
-            sys.stderr.write(proc.stderr[-4000:])
-            raise SystemExit(f"hot_ab: the {variant} variant failed (exit {proc.returncode})")
-        rec = json.loads(proc.stdout.strip().splitlines()[-1])
-        records.append(rec)
-        peak = "" if rec["layer_peak_bytes"] is None else f", layer peak {rec['layer_peak_bytes'] / 2**20:.1f} MiB"
-        print(f"{variant:6s} first compiled step {rec['first_compiled_step_s']:.1f} s, then {rec['compiled_step_s']:.3f} s;"
-              f" layer fwd+bwd {rec['layer_fwd_bwd_s'] * 1e3:.1f} ms{peak}, grads {rec['grad_digest']}", flush=True)
-    if len({r["grad_digest"] for r in records}) != 1:
-        raise SystemExit("hot_ab: the variants' gradients differ; the operator does not round as the reference")
-    op, traced = records
-    print(f"first compiled step: op / traced = {op['first_compiled_step_s'] / traced['first_compiled_step_s']:.2f}")
+    for recipe in args.recipes:
+        pair = []
+        for variant in VARIANTS:
+            with tempfile.TemporaryDirectory() as cache:
+                env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": f"{cache}/inductor", "TRITON_CACHE_DIR": f"{cache}/triton"}
+                cmd = [sys.executable, __file__, "--child", variant, "--recipes", recipe, "--model", args.model,
+                       "--layers", str(args.layers), "--dims", ",".join(map(str, args.dims)), "--tokens",
+                       str(args.tokens), "--device", args.device]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+            if proc.returncode:
+                sys.stderr.write(proc.stderr[-4000:])
+                raise SystemExit(f"hash_ops_ab: {recipe}, the {variant} variant failed (exit {proc.returncode})")
+            rec = json.loads(proc.stdout.strip().splitlines()[-1])
+            pair.append(rec)
+            peak = "" if rec["layer_peak_bytes"] is None else f", layer peak {rec['layer_peak_bytes'] / 2**20:.1f} MiB"
+            print(f"{recipe:14s} {variant:6s} first compiled step {rec['first_compiled_step_s']:.1f} s, then "
+                  f"{rec['compiled_step_s']:.3f} s; layer fwd+bwd {rec['layer_fwd_bwd_s'] * 1e3:.1f} ms{peak}, "
+                  f"grads {rec['grad_digest']}", flush=True)
+        op, traced = pair
+        if op["grad_digest"] != traced["grad_digest"]:
+            raise SystemExit(f"hash_ops_ab: {recipe}'s gradients differ between the variants: an operator does not "
+                             "draw as its reference")
+        print(f"{recipe}: first compiled step op / traced = "
+              f"{op['first_compiled_step_s'] / traced['first_compiled_step_s']:.2f}", flush=True)
+        records += pair
     config = {k: v for k, v in vars(args).items() if k not in ("out", "child")}
     write_results(args.out, records, config=config, device=args.device)
     return 0
