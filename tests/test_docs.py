@@ -178,3 +178,15 @@ def test_docs_name_no_path_that_does_not_exist():
             if not (ROOT / p).exists():
                 missing.append(f"{doc.name}: {p}")
     assert not missing, missing
+
+
+def test_kernels_readme_compile_times_are_the_results_file():
+    """The hash operators' paragraph quotes results/microbench/cpu/hash-ops-ab.json."""
+    from adahop.harness.provenance import read_results
+
+    text = " ".join((ROOT / "kernels" / "README.md").read_text().split())
+    records = read_results(ROOT / "results" / "microbench" / "cpu" / "hash-ops-ab.json")["records"]
+    times = {(r["recipe"], r["variant"]): r["first_compiled_step_s"] for r in records}
+    for recipe in ("hot", "tseng"):
+        op, traced = times[(recipe, "op")], times[(recipe, "traced")]
+        assert f"{op:.1f} s" in text and f"{traced:.1f} s" in text and f"`{recipe}`" in text, recipe
