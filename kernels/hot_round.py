@@ -26,22 +26,27 @@ import triton.language as tl
 from adahop_kernels._common import INTERPRETED, check_device
 from adahop_kernels.signs import _lowbias32
 
-BLOCK = 2048
+BLOCK = 1024
 
 
 @triton.jit(do_not_specialize=["qmax"])  # qmax 1 (2 bits) would become a constexpr int, with no .to()
-def _hot_round_kernel(t_ptr, scale_ptr, seed_ptr, out_ptr, n, k, scale_stride, qmax,
-                      SR: tl.constexpr, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = i < n
+def _hot_round_kernel(t_ptr, scale_ptr, seed_ptr, out_ptr, k, qmax,
+                      PER_ROW: tl.constexpr, SR: tl.constexpr, BLOCK: tl.constexpr):
+    # One row per program along axis 0 (its scale is one load; no index division), BLOCK columns
+    # per program along axis 1.
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < k
+    i = row * k + cols  # the value's flat index: what the reference's draws are keyed on
     t = tl.load(t_ptr + i, mask=mask, other=0.0)
-    s = tl.load(scale_ptr + (i // k) * scale_stride, mask=mask, other=1.0)
+    s = tl.load(scale_ptr + row) if PER_ROW else tl.load(scale_ptr)
     y = tl.math.div_rn(t, s)
     nan = y != y
     a = tl.minimum(tl.abs(y), qmax.to(tl.float32))
     if SR:
         mix = _lowbias32(tl.load(seed_ptr).to(tl.uint32))
         h = _lowbias32(i.to(tl.uint32) ^ mix)
+        # Exact even if contracted to an fma: (h >> 8) · 2^-24 is exact.
         u = (h >> 8).to(tl.float32) * (1.0 / 16777216.0)
         r = tl.floor(a + u)
     else:
@@ -59,11 +64,11 @@ def hot_round(t: torch.Tensor, scale: torch.Tensor, qmax: int, seed: torch.Tenso
     rows, k = t.shape
     t = t.contiguous()
     out = torch.empty((rows, k), dtype=torch.int8, device=t.device)
-    n = rows * k
-    if n:
-        block = 1 << 16 if INTERPRETED else BLOCK  # the interpreter pays per program
-        stride = 1 if scale.shape[0] == rows and rows > 1 else 0
-        _hot_round_kernel[(triton.cdiv(n, block),)](
-            t, scale.contiguous(), seed if seed is not None else scale, out, n, k, stride, qmax,
-            SR=seed is not None, BLOCK=block)
+    if rows * k:
+        # The interpreter pays per program: one per row there.
+        block = min(triton.next_power_of_2(k), 1 << 16) if INTERPRETED else BLOCK
+        per_row = scale.shape[0] == rows and rows > 1
+        _hot_round_kernel[(rows, triton.cdiv(k, block))](
+            t, scale.contiguous(), seed if seed is not None else scale, out, k, qmax,
+            PER_ROW=per_row, SR=seed is not None, BLOCK=block)
     return out
