@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 import adahop
-from adahop import ops
+from adahop import hot, ops
 
 CUDA = torch.cuda.is_available()
 PROFILE = os.environ.get("ADAHOP_BENCH_PROFILE") or ("gpu" if CUDA else "smoke")  # as tests/bench/conftest.py
@@ -45,7 +45,20 @@ VARIANTS = {
     "oe-right": ("uniform-iht", {"fwd": "iht+oe-right", "dgrad": "iht+oe-right", "wgrad": "iht+oe-right"}),
     "tseng": ("tseng", {}),
     "quartet-style": ("quartet-style", {}),
+    # HOT's backward: INT4 dgrad (dY per tensor or per token, as its calibration picks per layer) and
+    # the low-rank INT8 wgrad; its forward is bf16.
+    "hot": ("hot", {"fwd": "bf16", "dgrad": "hot-int4", "wgrad": "hot-lowrank-int8"}),
+    "hot-token": ("hot", {"fwd": "bf16", "dgrad": "hot-int4-token", "wgrad": "hot-lowrank-int8"}),
 }
+GEMMS = {"hot": "bf16 forward, int4/int8 backward GEMMs"}  # by recipe; the rest are MXFP4
+
+
+def gemm_path(recipe: str, device: torch.device) -> str:
+    """The path the variant's quantized GEMMs take on ``device`` (HOT's two integer GEMMs, named)."""
+    if recipe == "hot":
+        paths = hot.hot_gemm_path(device)
+        return f"int4 {paths.int4}, int8 {paths.int8}"
+    return ops.gemm_path(device).value
 
 
 def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
@@ -90,8 +103,8 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
     ceiling, _ = bench.ceilings.names_for_gemm()
     info = bench.run(
         benchmark, lambda: torch.autograd.grad(run(x), (x, layer.weight), gy), op=f"linear fwd+bwd [{variant}]", shape=(tokens, fin, fout),
-        dtype="bf16 in/out, mxfp4 GEMMs", work=6 * tokens * fin * fout, unit="TFLOP/s", ceiling=ceiling,
-        ceiling_shape=(tokens, fout, fin), peers=peers, gemm_path=ops.gemm_path(device).value,
+        dtype=f"bf16 in/out, {GEMMS.get(recipe, 'mxfp4 GEMMs')}", work=6 * tokens * fin * fout, unit="TFLOP/s", ceiling=ceiling,
+        ceiling_shape=(tokens, fout, fin), peers=peers, gemm_path=gemm_path(recipe, device),
     )
     if info is not None:
         benchmark.extra_info["layer"] = {
