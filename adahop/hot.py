@@ -193,7 +193,7 @@ def uniform(shape: tuple[int, ...], seed: torch.Tensor) -> torch.Tensor:
 
 
 def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | None = None,
-                 backend: str = "reference") -> IntTensor:
+                 backend: Backend | str | None = None) -> IntTensor:
     """``t (rows, K)`` to symmetric integers in ``[-(2**(bits-1) - 1), 2**(bits-1) - 1]`` (int8).
 
     scaling: ``"tensor"`` (one scale, absmax / qmax: HOT's ``stoch``/``int`` quantizers),
@@ -203,7 +203,8 @@ def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | 
     stochastically, ``floor(|t|/s + u)`` with ``u`` from :func:`uniform` (unbiased within the clip).
     A non-finite ``t`` gives a non-finite scale, so the product shows it (its NaN values are 0).
     bits: 2 to 8. backend: where the rounding runs (``adahop.library.hot_round``: one Triton pass,
-    or :func:`round_int_ref`; the same bits). No temporary of ``t``'s size outlives its reduction.
+    or :func:`round_int_ref`; the same bits), resolved by :func:`adahop.backend.resolve_backend` on
+    ``t``'s device. No temporary of ``t``'s size outlives its reduction.
 
     Equivalent to HOT's ``*_quantizer_BWD(t, bits)`` returning ``(x_int, s)``.
     """
@@ -213,6 +214,7 @@ def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | 
         raise ValueError(f"bits must be in [2, 8] (int8 storage), got {bits}")
     if t.dim() != 2:
         raise ValueError(f"HOT quantizes 2-D operands, got shape {tuple(t.shape)}")
+    backend = resolve_backend(t.device, backend).value
     qmax = 2 ** (bits - 1) - 1
     tf = t.to(torch.float32)
     if scaling == "token":
@@ -293,7 +295,7 @@ def mm_int8(a: IntTensor, b_t: IntTensor, path: str, out_dtype: torch.dtype) -> 
 
 
 def dgrad(a: torch.Tensor, b: torch.Tensor, *, per_token: bool, seed: torch.Tensor | None, paths: HotPaths,
-          out_dtype: torch.dtype, backend: str = "reference") -> torch.Tensor:
+          out_dtype: torch.dtype, backend: Backend | str | None = None) -> torch.Tensor:
     """HOT's ``dgrad``: ``A · Bᵀ`` for A = dY ``(T, out)`` and Bᵀ = Wᵀ ``(in, out)``, returns ``(T, in)``.
 
     Both transformed by the block-16 Hadamard along ``out`` (it cancels in the product), dY to
@@ -305,14 +307,14 @@ def dgrad(a: torch.Tensor, b: torch.Tensor, *, per_token: bool, seed: torch.Tens
     return mm_int4(qa, qb, paths.int4, out_dtype)
 
 
-def compress_tokens(x: torch.Tensor, backend: str = "reference") -> IntTensor:
+def compress_tokens(x: torch.Tensor, backend: Backend | str | None = None) -> IntTensor:
     """HOT's activation buffer compression: ``x (T, in)`` projected along tokens
     (:func:`lowrank_tokens`) and SAWB-quantized to INT8: ``(T/2, in)`` int8 and a ``(1, 1)`` scale."""
     return quantize_int(lowrank_tokens(x), 8, "sawb", backend=backend)
 
 
 def wgrad(g: torch.Tensor, x: IntTensor, *, seed: torch.Tensor | None, paths: HotPaths,
-          out_dtype: torch.dtype, backend: str = "reference") -> torch.Tensor:
+          out_dtype: torch.dtype, backend: Backend | str | None = None) -> torch.Tensor:
     """HOT's ``wgrad``: dW ``(out, in)`` from dY ``g (T, out)`` and the compressed X (``(T/2, in)``,
     :func:`compress_tokens`): dY projected along tokens, to INT8 stochastically (``seed``) per tensor.
 
@@ -324,7 +326,8 @@ def wgrad(g: torch.Tensor, x: IntTensor, *, seed: torch.Tensor | None, paths: Ho
     return mm_int8(IntTensor(qg.values.t(), qg.scale), x, paths.int8, out_dtype)
 
 
-def selection_errors(g: torch.Tensor, seed: torch.Tensor, backend: str = "reference") -> dict[str, tuple[float, float]]:
+def selection_errors(g: torch.Tensor, seed: torch.Tensor,
+                     backend: Backend | str | None = None) -> dict[str, tuple[float, float]]:
     """``(squared error, squared reference)`` of dY ``g (T, out)`` under HOT's two INT4 dgrad
     quantizers, by strategy name: ``hot-int4`` (per tensor) and ``hot-int4-token`` (per token), one
     stochastic draw each from ``seed``, measured on dY as it is (HOT's layer-wise selection).

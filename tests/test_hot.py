@@ -155,12 +155,13 @@ def test_uniform_draws_are_in_range_and_seeded():
     [(lambda: hot.quantize_int(torch.ones(4, 4), 4, "row"), "scaling must be one of"),
      (lambda: hot.quantize_int(torch.ones(4, 4), 9, "tensor"), r"bits must be in \[2, 8\]"),
      (lambda: hot.quantize_int(torch.ones(4), 4, "tensor"), "2-D operands"),
+     (lambda: hot.quantize_int(torch.ones(4, 4), 4, "tensor", backend="cuda"), "unknown backend 'cuda'"),
      (lambda: hot.block_hadamard(torch.ones(4, 24)), "multiple of 16, got 24"),
      (lambda: hot.lowrank_tokens(torch.ones(48, 4)), "blocks of 32, got 48"),
      (lambda: hot.hadamard(12), "power of two, got 12"),
      (lambda: hot.wgrad(torch.ones(64, 8), hot.compress_tokens(torch.ones(32, 8)), seed=None,
                         paths=hot.HotPaths("reference", "reference"), out_dtype=torch.float32), "expected half")],
-    ids=["bad-scaling", "bad-bits", "not-2d", "hadamard-k", "lowrank-tokens", "hadamard-size", "wgrad-tokens"],
+    ids=["bad-scaling", "bad-bits", "not-2d", "bad-backend", "hadamard-k", "lowrank-tokens", "hadamard-size", "wgrad-tokens"],
 )
 def test_bad_input_is_refused_naming_the_problem(call, match):
     with pytest.raises(ValueError, match=match):
