@@ -336,8 +336,11 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         caches = compile_cache_files()
         t_untimed = time.perf_counter()
         trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
-        trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
+        untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
         untimed_s = time.perf_counter() - t_untimed
+        # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
+        # first fixed step compiles), and the rest, building the model.
+        untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
         history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
         gpu_busy = measure_busy(trainer, busy)
         if args.profile and info.is_main:
@@ -360,6 +363,8 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             "compile_mode": cfg.compile_mode if cfg.compile else None,
             # wall time of building the model and its untimed steps (compilation, warm-up, calibration)
             "untimed_s": untimed_s,
+            "untimed_step_s": untimed_step_s,
+            "build_s": untimed_s - sum(untimed_step_s),
             # files in the compilers' caches when this recipe began: 0 for a cold start
             "compile_cache_files": caches,
             "timed_steps": len(history),

@@ -398,6 +398,8 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
     (record,) = read_results(results)["records"]
     assert record["recipe"] == "bf16" and record["timed_steps"] == 3 and record["tokens_per_s"] > 0
     assert record["untimed_s"] > 0 and record["compile_mode"] is None  # not compiled
+    assert len(record["untimed_step_s"]) == 2 and all(t > 0 for t in record["untimed_step_s"])
+    assert 0 <= record["build_s"] < record["untimed_s"]
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
     assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
     assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()
