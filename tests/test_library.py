@@ -187,3 +187,28 @@ def test_fp8_mm_is_one_opaque_operator_in_a_compiled_graph():
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert any("adahop.fp8_mm" in t for t in targets), targets
     assert not any("_scaled_mm" in t for t in targets), targets
+
+
+@pytest.mark.parametrize("draws", ["hot_round", "signs_from_seed"])
+def test_counter_hash_draws_are_one_operator_in_a_compiled_graph(draws):
+    # Traced, the lowbias32 hash is a deep int64 expression whose every value is read twice, which
+    # Inductor's lowering expands before CSE (kernels/README): the graph must call the operator.
+    from adahop import hot
+    from adahop.linear.seeds import signs_from_seed
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    if draws == "hot_round":
+        fn, args = (lambda t, s: hot.quantize_int(t, 4, "tensor", s).values), (torch.randn(64, 32), seed())
+    else:
+        fn, args = (lambda s: signs_from_seed(96, s, torch.float32)), (seed(),)
+    torch._dynamo.reset()
+    out = torch.compile(fn, backend=backend, fullgraph=True)(*args)
+    assert torch.equal(out, fn(*args))
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any(f"adahop.{draws}" in t for t in targets), targets
+    assert not any("bitwise_xor" in t or "xor" in t.split(".")[-1] for t in targets), targets
