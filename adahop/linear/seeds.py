@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from adahop import library
+from adahop.backend import Backend, resolve_backend
 from adahop.hadamard import _lowbias32
 
 _MASK64 = (1 << 64) - 1
@@ -66,14 +67,16 @@ def draw_seed(counter: torch.Tensor, salt: int) -> torch.Tensor:
     return _mix31((_mix31(counter.reshape(1) & _MASK31) + (salt & _MASK31)) & _MASK31)
 
 
-def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype, backend: str = "reference") -> torch.Tensor:
+def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype,
+                    backend: Backend | str | None = None) -> torch.Tensor:
     """The ±1 vector of length ``n`` for a seed tensor, on the seed's device.
 
     Equivalent to :func:`adahop.hadamard.random_signs` ``(n, int(seed))``, computed from the tensor
     without reading it on the host: ``adahop.library.signs_from_seed`` (the signs kernel, or
-    :func:`signs_from_seed_ref` under the reference backend).
+    :func:`signs_from_seed_ref` under the reference backend; ``backend`` resolved on the seed's
+    device by :func:`adahop.backend.resolve_backend`).
     """
-    return library.signs_from_seed(n, seed.reshape(1), dtype, backend)
+    return library.signs_from_seed(n, seed.reshape(1), dtype, resolve_backend(seed.device, backend).value)
 
 
 def signs_from_seed_ref(n: int, seed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
