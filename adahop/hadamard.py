@@ -69,6 +69,20 @@ def _lowbias32(x):
     return x ^ (x >> 16)
 
 
+def _index_hash(n: int, mix, device: torch.device | str | None) -> torch.Tensor:
+    """``lowbias32(i XOR mix)`` for each index ``i`` in [0, n), int64 holding 32 bits: the counter
+    hash behind every draw keyed on an element's index (random signs, HOT's stochastic rounding).
+    ``mix``: a 32-bit int or int64 tensor. Indices wrap at 2**32, as the kernels' uint32 ones do."""
+    index = torch.arange(n, dtype=torch.int64, device=device) & _MASK32
+    return _lowbias32(index ^ mix)
+
+
+def _seed_tensor_hash(n: int, seed: torch.Tensor) -> torch.Tensor:
+    """:func:`_index_hash` keyed on ``lowbias32`` of an int64 seed tensor's low 32 bits, on its
+    device (no host read)."""
+    return _index_hash(n, _lowbias32(seed.reshape(()) & _MASK32), seed.device)
+
+
 SIGNS_SEED_LIMIT = 1 << 64
 
 
@@ -93,9 +107,7 @@ def random_signs(
         from adahop_kernels.signs import random_signs as kernel  # the same values in one launch
 
         return kernel(n, mix, torch.device(device), dtype)
-    index = torch.arange(n, dtype=torch.int64, device=device)
-    bits = _lowbias32(index ^ mix) >> 31
-    return (1 - 2 * bits).to(dtype)
+    return (1 - 2 * (_index_hash(n, mix, device) >> 31)).to(dtype)
 
 
 def block_hadamard_ref(

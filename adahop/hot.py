@@ -64,7 +64,7 @@ import torch
 
 from adahop import library
 from adahop.backend import Backend, resolve_backend
-from adahop.hadamard import _lowbias32
+from adahop.hadamard import _seed_tensor_hash
 from adahop.ops import GemmPath, device_gemm_path, fp8_mm
 
 DGRAD_BLOCK = 16  # HOT's block-diagonal Hadamard along `out` (``biggest_power2_factor_max16``)
@@ -187,9 +187,7 @@ def uniform(shape: tuple[int, ...], seed: torch.Tensor) -> torch.Tensor:
     n = 1
     for d in shape:
         n *= d
-    mix = _lowbias32(seed.reshape(()) & 0xFFFFFFFF)
-    index = torch.arange(n, dtype=torch.int64, device=seed.device) & 0xFFFFFFFF
-    return ((_lowbias32(index ^ mix) >> 8).to(torch.float32) * 2.0**-24).reshape(shape)
+    return ((_seed_tensor_hash(n, seed) >> 8).to(torch.float32) * 2.0**-24).reshape(shape)
 
 
 def quantize_int(t: torch.Tensor, bits: int, scaling: str, seed: torch.Tensor | None = None,

@@ -418,10 +418,10 @@ def _other_cases(dtypes: tuple[torch.dtype, ...]) -> list[Case]:
     """The launchers other than the quantizer, for each output/input dtype in ``dtypes``."""
     from adahop_kernels.dequantize import dequantize
     from adahop_kernels.fp8_reencode import fp8_reencode
+    from adahop_kernels.hot_round import hot_round
     from adahop_kernels.mxfp4_mm import mxfp4_mm_dot_scaled
     from adahop_kernels.outliers import row_absmax
     from adahop_kernels.pattern_stats import abs_median, scaled_mean_squares
-    from adahop_kernels.hot_round import hot_round
     from adahop_kernels.signs import random_signs, signs_from_seed
 
     cases = [Case(f"fp8_reencode({layout})", lambda layout=layout: fp8_reencode(_mxfp4(256, 512), layout))

@@ -310,7 +310,7 @@ class QuantLinear(nn.Linear):
             self._collecting.vote("g", self.recipe.detector(g_tokens))
             if self.recipe.policy == "lqs":
                 seed = draw_seed(counter, derive_seed(self.layer_salt, _LQS_DRAWS))
-                self._collecting.add_errors("dgrad", hot.selection_errors(g_tokens, seed, resolve_backend(g.device).value))
+                self._collecting.add_errors("dgrad", hot.selection_errors(g_tokens, seed))
             if sample_idx is not None:
                 self._collecting.add_errors(
                     "dgrad", score_strategies(self.recipe, "dgrad", Operand(g), Operand(w_full, transpose=True),

@@ -26,7 +26,7 @@ from torch import nn
 
 from adahop import library
 from adahop.backend import Backend, resolve_backend
-from adahop.hadamard import _lowbias32
+from adahop.hadamard import _seed_tensor_hash
 
 _MASK64 = (1 << 64) - 1
 _MASK31 = (1 << 31) - 1
@@ -81,9 +81,7 @@ def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype,
 
 def signs_from_seed_ref(n: int, seed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The reference of :func:`signs_from_seed`: the hash in int64 PyTorch ops."""
-    mix = _lowbias32(seed.reshape(()) & 0xFFFFFFFF)
-    index = torch.arange(n, dtype=torch.int64, device=seed.device)
-    return (1 - 2 * (_lowbias32(index ^ mix) >> 31)).to(dtype)
+    return (1 - 2 * (_seed_tensor_hash(n, seed) >> 31)).to(dtype)
 
 
 class DrawState(nn.Module):

@@ -53,7 +53,7 @@ VARIANTS = {
 GEMMS = {"hot": "bf16 forward, int4/int8 backward GEMMs"}  # by recipe; the rest are MXFP4
 
 
-def gemm_path(recipe: str, device: torch.device) -> str:
+def variant_gemm_path(recipe: str, device: torch.device) -> str:
     """The path the variant's quantized GEMMs take on ``device`` (HOT's two integer GEMMs, named)."""
     if recipe == "hot":
         paths = hot.hot_gemm_path(device)
@@ -104,7 +104,7 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
     info = bench.run(
         benchmark, lambda: torch.autograd.grad(run(x), (x, layer.weight), gy), op=f"linear fwd+bwd [{variant}]", shape=(tokens, fin, fout),
         dtype=f"bf16 in/out, {GEMMS.get(recipe, 'mxfp4 GEMMs')}", work=6 * tokens * fin * fout, unit="TFLOP/s", ceiling=ceiling,
-        ceiling_shape=(tokens, fout, fin), peers=peers, gemm_path=gemm_path(recipe, device),
+        ceiling_shape=(tokens, fout, fin), peers=peers, gemm_path=variant_gemm_path(recipe, device),
     )
     if info is not None:
         benchmark.extra_info["layer"] = {
