@@ -476,6 +476,7 @@ class Trainer:
             self.model = adahop.convert(model, self.recipe)
         self.fsdp = cfg.fsdp
         self.cudagraphs = cfg.compile and cfg.compile_mode in CUDAGRAPH_MODES and self.device.type == "cuda"
+        self.memory_at_start: dict[str, float] | None = None  # CUDA: set by run()
         if self.fsdp:
             self.model = shard_fsdp(self.model, self.device, self.dist.world_size, use_bf16,
                                     cfg.compile_mode if cfg.compile else None)
@@ -793,6 +794,11 @@ class Trainer:
             if self.cudagraphs:  # the cache held outside the graphs' pools is not this run's peak
                 torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
+            # What this call starts from: the graphs' pools recorded by earlier calls and the tensors
+            # that live across steps (weights, optimizer state). Under CUDA graphs the peak's excess
+            # over the peak allocated bytes is pool space no tensor occupies (fragmentation).
+            self.memory_at_start = {"allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,
+                                    "reserved_gib": torch.cuda.memory_reserved(self.device) / 2**30}
         # Throughput clock: wall time between log lines minus the time spent evaluating and saving.
         t_last, steps_since, paused = time.perf_counter(), 0, 0.0
         try:
@@ -815,6 +821,8 @@ class Trainer:
                                 if self.peak_flops else None),
                         "peak_mem_gib": peak_memory_gib(self.device, self.cudagraphs),
                     }
+                    if self.device.type == "cuda":
+                        record["peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
                     if bar is not None:
                         bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tps:,.0f}")
                 t_pause = time.perf_counter()
