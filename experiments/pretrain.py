@@ -391,6 +391,10 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             # After each recipe: a run cut short keeps what it measured.
             write_results(args.results, records, config=file_config, seed=cfg.seed, device=device)
         del trainer, batches
+        # The next recipe starts from nothing of this one's: its compiled graphs and, under CUDA
+        # graphs, the graphs' memory pool (which would otherwise stay reserved and count in the
+        # next recipe's peak; it is freed only with the graphs).
+        torch.compiler.reset()
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
