@@ -199,6 +199,23 @@ def test_int8_paths_agree_bit_for_bit(m):
     assert torch.equal(ref, exact.float() * a.scale * b.scale)
 
 
+def test_int_mm_gets_the_layout_of_the_int8_tensor_core_kernels(monkeypatch):
+    # cuBLASLt's INT8 tensor-core GEMM needs A row-major and B column-major (K contiguous in both);
+    # the wgrad operands arrive as a transposed view of dY's codes and X's row-major codes.
+    seen, real = [], torch._int_mm
+
+    def spy(a, b):
+        seen.append((a.stride(), b.stride()))
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "_int_mm", spy)
+    g = hot.quantize_int(gaussian(64, 48), 8, "tensor", seed(4))  # (T, out): wgrad's A is its transpose
+    x = hot.quantize_int(gaussian(64, 40, s=1), 8, "sawb")  # (T, in), row-major as saved
+    out = hot.mm_int8(hot.IntTensor(g.values.t(), g.scale), x, "int-mm", torch.float32)
+    assert seen == [((64, 1), (1, 64))]
+    assert torch.equal(out, hot.mm_int8(hot.IntTensor(g.values.t(), g.scale), x, "reference", torch.float32))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_gpu_paths_match_the_reference():
