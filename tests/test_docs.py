@@ -185,8 +185,73 @@ def test_kernels_readme_compile_times_are_the_results_file():
     from adahop.harness.provenance import read_results
 
     text = " ".join((ROOT / "kernels" / "README.md").read_text().split())
-    records = read_results(ROOT / "results" / "microbench" / "cpu" / "hash-ops-ab.json")["records"]
-    times = {(r["recipe"], r["variant"]): r["first_compiled_step_s"] for r in records}
-    for recipe in ("hot", "tseng"):
-        op, traced = times[(recipe, "op")], times[(recipe, "traced")]
-        assert f"{op:.1f} s" in text and f"{traced:.1f} s" in text and f"`{recipe}`" in text, recipe
+    for device in ("cpu", "gpu"):
+        records = read_results(ROOT / "results" / "microbench" / device / "hash-ops-ab.json")["records"]
+        by = {(r["recipe"], r["variant"]): r for r in records}
+        for recipe in ("hot", "tseng"):
+            op, traced = by[(recipe, "op")], by[(recipe, "traced")]
+            for r in (op, traced):
+                assert f"{r['first_compiled_step_s']:.1f} s" in text and f"`{recipe}`" in text, (device, recipe)
+        if device == "gpu":
+            op, traced = by[("hot", "op")], by[("hot", "traced")]
+            for r in (op, traced):
+                assert f"{r['layer_fwd_bwd_s'] * 1e3:.1f} ms" in text, r["variant"]
+                assert f"{r['layer_peak_bytes'] / 2**20:.0f} MiB" in text, r["variant"]
+            op, traced = by[("tseng", "op")], by[("tseng", "traced")]
+            assert f"{op['compiled_step_s']:.3f} s against {traced['compiled_step_s']:.3f} s" in text
+
+
+def test_design_hot_speed_and_memory_figures_are_the_results_files():
+    """DESIGN's HOT paragraphs quote the memory, layer, throughput and profile files they name."""
+    import re
+
+    from adahop.harness.provenance import read_results
+
+    text = " ".join((ROOT / "docs" / "DESIGN.md").read_text().split())
+    res = ROOT / "results"
+
+    def span(values, fmt="{:.2f}"):
+        return f"{fmt.format(min(values))}–{fmt.format(max(values))}"
+
+    mem = read_results(res / "memory" / "gpu" / "memory-hot-layers.json")["records"]
+    hot = [r for r in mem if r["recipe"] == "hot"]
+    fixed = [r["bf16_over_peak_bytes"] for r in hot if r["phase"] == "fixed"]
+    calibrating = [r["bf16_over_peak_bytes"] for r in hot if r["phase"] == "calibrating"]
+    saved = {round(r["bf16_over_saved_activation_bytes"], 1) for r in hot if r["phase"] == "fixed"}
+    assert f"{span(fixed)}× of bf16's" in text and f"at {span(calibrating)}×" in text
+    assert len(saved) == 1 and f"{saved.pop():.1f}× fewer activation bytes" in text
+
+    layers = read_results(res / "layer_bench" / "gpu" / "layers-hot.json")["records"]
+    ratios = [r["ratio_to_peers"]["nn.Linear-bf16"] for r in layers
+              if r["op"].endswith("[hot]") and "host-overhead" not in r["test"]]
+    assert f"{span(ratios)}× of `nn.Linear` bf16" in text
+
+    tput = {r["recipe"]: r["tokens_per_s"] for r in
+            read_results(res / "throughput" / "gpu" / "125m_cudagraphs_hot.json")["records"]}
+    assert f"{tput['hot'] / tput['bf16']:.2f}× bf16 under CUDA graphs where adahop trains at " \
+           f"{tput['adahop'] / tput['bf16']:.2f}×" in text
+
+    profile = (res / "throughput" / "gpu" / "profiles" / "profile_125m_cudagraphs_hot.txt").read_text()
+    by_gpu = profile.split("== sorted by self_cuda_time_total")[1].split("== sorted by")[0]
+
+    def share(kernel):
+        line = next(ln for ln in by_gpu.splitlines() if kernel in ln)
+        return float(re.findall(r"([\d.]+)%", line)[2])  # Self CPU %, CPU total %, Self CUDA %
+
+    assert f"{share('i161616gemm_s8_forwardCompat'):.0f}% of HOT's GPU time" in text
+    assert f"the rounding operator ({share('_hot_round_kernel'):.0f}%)" in text
+
+
+def test_design_cuda_graph_pool_figures_are_the_results_file():
+    from adahop.harness.provenance import read_results
+
+    text = " ".join((ROOT / "docs" / "DESIGN.md").read_text().split())
+    recs = {r["recipe"]: r for r in
+            read_results(ROOT / "results" / "throughput" / "gpu" / "125m_cudagraphs_hot.json")["records"]}
+    pools = [f"{recs[r]['memory_at_start']['reserved_gib']:.1f} GiB" for r in ("bf16", "adahop", "hot")]
+    assert f"began with {pools[0]} reserved for bf16, {pools[1]} for adahop and {pools[2]} for hot" in text
+    tensors = {f"{r['peak_allocated_gib']:.1f}" for r in recs.values()}
+    assert len(tensors) == 1 and f"peaked at {tensors.pop()} GiB in each" in text
+    compiled = {r["recipe"]: r["peak_mem_gib"] for r in
+                read_results(ROOT / "results" / "throughput" / "gpu" / "125m_compile.json")["records"]}
+    assert f"{compiled['adahop']:.1f} against {compiled['bf16']:.1f} GiB" in text

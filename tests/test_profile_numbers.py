@@ -83,3 +83,35 @@ def test_design_and_docstring_floors_follow_from_the_profile(profiled):
         assert text in design, f"DESIGN §6 does not say {text!r}"
     for text in (f"{counts} warp-instructions", f"at {share} of copy"):
         assert text in kernel, f"{KERNEL.name}'s docstring does not say {text!r}"
+
+
+H100_PROFILE = ROOT / "results" / "microbench" / "gpu" / "profile_quantize_16384x8192_h100.txt"
+H100_NAMES = ("Duration", "Instructions Executed", "Issue Slots Busy", "ALU", "DRAM Throughput",
+              "Eligible Warps Per Scheduler", "Achieved Occupancy", "Registers Per Thread")
+
+
+def test_design_h100_rows_are_the_h100_profile():
+    """DESIGN §6's second table: the kernel as it is now, profiled on an H100."""
+    sections = re.split(r"^  _hadamard_quantize_kernel ", H100_PROFILE.read_text(), flags=re.M)[1:]
+    assert len(sections) == len(STEPS), f"{H100_PROFILE.name}: {len(sections)} kernels, expected X, W and dY"
+    rows = {m[1]: m[0] for m in re.finditer(r"^\s*\| H100 (X|W|dY)[:,].*\|$", DESIGN.read_text(), re.M)}
+    assert set(rows) == set(STEPS), f"DESIGN §6: H100 profile rows {sorted(rows)}"
+    for step, section in zip(STEPS, sections):
+        p = {n: metric(section, n) for n in H100_NAMES}
+        cell = (f"| {p['Duration']:.0f} µs | {p['Instructions Executed'] / VALUES:.2f} | {p['Issue Slots Busy']:.1f}% "
+                f"| {p['ALU']:.0f}% | {p['DRAM Throughput']:.1f}% | {p['Eligible Warps Per Scheduler']:.2f} "
+                f"| {p['Achieved Occupancy']:.0f}% ({p['Registers Per Thread']:.0f} registers) |")
+        assert cell in rows[step], f"DESIGN §6, H100 row {step}: {cell!r} not in {rows[step]!r}"
+
+
+def test_design_h100_quantize_step_rates_are_the_results_file():
+    doc = json.loads((ROOT / "results" / "microbench" / "gpu" / "quantize-steps.json").read_text())
+    recs = doc["records"]
+    rne = [r["ratio"] for r in recs if r["op"].endswith("rounding=rne")]
+    sr = [r["ratio"] for r in recs if r["op"].endswith("rounding=sr")]
+    gbs = [r["figure"] for r in recs]
+    assert len(rne) + len(sr) == len(recs) and rne and sr
+    design = prose(DESIGN)
+    for text in (f"run at {min(gbs):.0f}–{max(gbs):.0f} GB/s on the H100",
+                 f"so {min(rne):.2f}–{max(rne):.2f} of the H100's copy rate with RNE and {min(sr):.2f}–{max(sr):.2f} with SR"):
+        assert text in design, f"DESIGN §6 does not say {text!r}"
