@@ -341,6 +341,9 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
         # first fixed step compiles), and the rest, building the model.
         untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
+        # CUDA: each untimed step's tensor peak; under CUDA graphs the step that records them shows
+        # what the graphs' tensors took, against the pool the timed steps start with (memory_at_start).
+        untimed_peak = [r["peak_allocated_gib"] for r in untimed if "peak_allocated_gib" in r] or None
         history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
         gpu_busy = measure_busy(trainer, busy)
         if args.profile and info.is_main:
@@ -378,6 +381,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             # space), and what the timed steps started from; None on a CPU
             "peak_allocated_gib": max(r["peak_allocated_gib"] for r in history) if device.type == "cuda" else None,
             "memory_at_start": trainer.memory_at_start,
+            "untimed_peak_allocated_gib": untimed_peak,
             # GPU-busy share of wall time (None on a CPU), from steps after the timed ones
             "gpu_busy": gpu_busy,
             "final_loss": history[-1]["loss"],

@@ -402,6 +402,7 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
     assert 0 <= record["build_s"] < record["untimed_s"]
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
     assert record["peak_allocated_gib"] is None and record["memory_at_start"] is None  # CUDA only
+    assert record["untimed_peak_allocated_gib"] is None
     assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
     assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()
     # The same command again completes and replaces its own file; another configuration is refused.

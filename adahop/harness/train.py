@@ -823,6 +823,10 @@ class Trainer:
                     }
                     if self.device.type == "cuda":
                         record["peak_allocated_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+                        # Each record's peaks are its own interval's (the run's peak is their max): a
+                        # step that records CUDA graphs shows what its tensors took, apart from the
+                        # eager steps before it.
+                        torch.cuda.reset_peak_memory_stats(self.device)
                     if bar is not None:
                         bar.set_postfix(loss=f"{out['loss']:.3f}", tok_s=f"{tps:,.0f}")
                 t_pause = time.perf_counter()
