@@ -15,6 +15,10 @@ arithmetic, bit for bit the reference's:
 * stochastically: ``floor(|y| + u)``, ``u`` the top 24 bits of ``lowbias32(i XOR lowbias32(seed))``
   times 2^-24 for the value's flat index ``i``;
 * the sign of ``y`` restored; a NaN value gives 0 (its scale is NaN: the product shows it).
+
+Measured on one H100 at the layer shapes of ``tests/bench/test_bench_hot.py``
+(``results/microbench/gpu/hot-round.json``): 0.87–0.99 of the same-run copy bandwidth to nearest
+and 0.70–0.99 stochastically, 7.6–8.5× and 72–100× the speed of the eager reference.
 """
 
 from __future__ import annotations

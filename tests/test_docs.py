@@ -255,3 +255,20 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
     compiled = {r["recipe"]: r["peak_mem_gib"] for r in
                 read_results(ROOT / "results" / "throughput" / "gpu" / "125m_compile.json")["records"]}
     assert f"{compiled['adahop']:.1f} against {compiled['bf16']:.1f} GiB" in text
+
+
+def test_hot_round_docstring_figures_are_the_results_file():
+    from adahop.harness.provenance import read_results
+
+    text = " ".join((ROOT / "kernels" / "hot_round.py").read_text().split())
+    recs = read_results(ROOT / "results" / "microbench" / "gpu" / "hot-round.json")["records"]
+
+    def spans(rounding):
+        rs = [r for r in recs if f"-{rounding}-" in r["test"]]
+        copy = [r["ratio"] for r in rs]
+        ref = [r["ratio_to_peers"]["reference"] for r in rs]
+        return f"{min(copy):.2f}–{max(copy):.2f}", (min(ref), max(ref))
+
+    (rne_copy, rne_ref), (sr_copy, sr_ref) = spans("rne"), spans("sr")
+    assert f"{rne_copy} of the same-run copy bandwidth to nearest and {sr_copy} stochastically" in text
+    assert f"{rne_ref[0]:.1f}–{rne_ref[1]:.1f}× and {sr_ref[0]:.0f}–{sr_ref[1]:.0f}× the speed" in text
