@@ -14,7 +14,9 @@ Panels, one group of bars per run (file; runs ordered by model size, then GPUs),
 recipe (bf16 first, then the torchao peers, hatched, then adahop's recipes in the registry's
 order): tokens/s as a ratio to the bf16 record of the same file (timed in the same process; a run
 without bf16 gets no ratio, and says so), MFU, the GPU-busy share of wall time (well under 100%:
-the GPU waits for the host), and peak memory.
+the GPU waits for the host), and peak memory ("≤" where, under CUDA graphs, a file written before
+the throughput stage reset compilation between recipes kept an earlier recipe's pool reserved:
+an upper bound, :func:`adahop.harness.train.peak_is_shared`).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 import common
-from adahop.harness.train import compile_label
+from adahop.harness.train import compile_label, peak_is_shared
 
 # torchao's float8 peers: their own colours (the registry's palette is adahop's recipes') and hatching.
 PEER_COLOURS = {"float8-tensorwise": (0.35, 0.45, 0.75), "float8-rowwise": (0.15, 0.25, 0.55)}
@@ -165,9 +167,12 @@ def main(argv: list[str] | None = None) -> None:
     ax.set_xlabel("% of wall time, profiled steps")
 
     ax = axes[3]
-    bars(ax, rows, lambda r: r.record.peak_mem_gib, lambda r, v: f"{v:.3g}", "")
+    shared = {(doc["path"], r["recipe"]) for doc in docs for i, r in enumerate(doc["records"])
+              if peak_is_shared(doc["records"], i)}
+    bars(ax, rows, lambda r: r.record.peak_mem_gib,
+         lambda r, v: ("≤ " if (r.record.path, r.record.recipe) in shared else "") + f"{v:.3g}", "")
     ax.set_title("peak memory of the timed steps")
-    ax.set_xlabel("GiB (rank 0 allocated; CUDA graphs: reserved)")
+    ax.set_xlabel("GiB (rank 0 allocated; CUDA graphs: reserved)\n≤: an earlier recipe's pool still held")
 
     axes[0].set_yticks([r.y for r in rows],
                        [f"{r.label} (torchao)" if r.record is not None and is_peer(r.record) else r.label for r in rows])

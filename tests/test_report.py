@@ -121,13 +121,15 @@ def test_config_without_a_profile_is_refused(tmp_path):
 
 
 def test_a_cuda_graph_peak_that_held_an_earlier_pool_is_marked_as_a_bound():
+    from adahop.harness.train import peak_is_shared
+
     def rec(recipe, mode="reduce-overhead", **kw):
         return {"recipe": recipe, "compile_mode": mode, "peak_mem_gib": 40.0, **kw}
 
     old = [rec("bf16"), rec("adahop"), rec("float8-tensorwise"), rec("hot")]
     # The first recipe's pool is its own; a calibrating recipe resets compilation when it fixes
     # its strategies; a peer after bf16 kept bf16's pool reserved.
-    assert [report.peak_is_shared(old, i) for i in range(4)] == [False, False, True, False]
+    assert [peak_is_shared(old, i) for i in range(4)] == [False, False, True, False]
     new = [rec("bf16", memory_at_start={}), rec("float8-tensorwise", memory_at_start={})]
-    assert not report.peak_is_shared(new, 1)  # written after the stage reset between recipes
-    assert not report.peak_is_shared([rec("bf16", "default"), rec("mxfp4", "default")], 1)  # no graphs, no pool
+    assert not peak_is_shared(new, 1)  # written after the stage reset between recipes
+    assert not peak_is_shared([rec("bf16", "default"), rec("mxfp4", "default")], 1)  # no graphs, no pool

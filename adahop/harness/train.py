@@ -360,6 +360,21 @@ def peak_bf16_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
 
 
+def peak_is_shared(records: list[dict[str, Any]], index: int) -> bool:
+    """Whether the CUDA-graph peak of ``records[index]`` may hold an earlier recipe's pool.
+
+    Under CUDA graphs a recipe's peak is the bytes reserved, and the graphs' pool lives as long as
+    torch.compile's caches. Files written before the throughput stage reset them between recipes
+    (their records have no ``memory_at_start``) kept every earlier recipe's pool reserved, except
+    where a recipe's own calibration reset them when it fixed its strategies: such a record's peak
+    bounds the recipe's own from above."""
+    r = records[index]
+    if index == 0 or "memory_at_start" in r or r.get("compile_mode") not in CUDAGRAPH_MODES:
+        return False
+    recipe = adahop.RECIPES.get(r["recipe"])
+    return recipe is None or recipe.calibration_steps == 0
+
+
 def peak_memory_gib(device: torch.device, cudagraphs: bool = False) -> float:
     """CUDA: peak bytes allocated by tensors, or with ``cudagraphs`` peak bytes reserved (a CUDA
     graph's replay allocates nothing: its working set is its memory pool, reserved for as long as
