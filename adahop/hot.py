@@ -282,13 +282,11 @@ def mm_int8(a: IntTensor, b_t: IntTensor, path: str, out_dtype: torch.dtype) -> 
     m, k = a.values.shape
     n = b_t.values.shape[1]
     if path == "int-mm" and int_mm_fits(m, k, n):
-        # cuBLASLt's INT8 tensor-core kernels take only the "TN" layout: A row-major and B
-        # column-major, K contiguous in both. Any other layout falls back to an sm80 WMMA kernel
-        # (cutlass_80_wmma_tensorop_i161616gemm_s8_forwardCompat), which on an H100 took 31% of
-        # HOT's 125m training step (results/throughput/gpu/profiles/profile_125m_cudagraphs_hot.txt).
-        # Laying B out so costs an int8 copy of it; the product is exact either way.
-        b = b_t.values if b_t.values.stride(0) == 1 else b_t.values.t().contiguous().t()
-        c = torch._int_mm(a.values.contiguous(), b)
+        # In the layout cuBLASLt's INT8 tensor-core kernels take (library.int8_mm): the fallback
+        # kernel that other layouts get, cutlass_80_wmma_tensorop_i161616gemm_s8_forwardCompat, was
+        # 31% of HOT's GPU time at 125m on an H100
+        # (results/throughput/gpu/profiles/profile_125m_cudagraphs_hot.txt).
+        c = library.int8_mm(a.values, b_t.values)
     else:
         c = a.values.to(torch.float64) @ b_t.values.to(torch.float64)
     return _scaled(c, a.scale, b_t.scale, out_dtype)

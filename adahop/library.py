@@ -363,6 +363,21 @@ def _(a, b, out_dtype):
     return a.new_empty((a.shape[0], b.shape[0]), dtype=out_dtype)
 
 
+@torch.library.custom_op("adahop::int8_mm", mutates_args=())
+def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``A · B`` of int8 ``a (M, K)`` and ``b (K, N)``, exact in int32 (``torch._int_mm``: M > 16,
+    K and N multiples of 8), with A row-major and B column-major: the one layout ("TN") that
+    cuBLASLt's INT8 tensor-core kernels take; any other falls back to an sm80 WMMA kernel many
+    times slower on Hopper. An operator so that the layout holds under ``torch.compile``: Inductor
+    chooses the strides of a traced ``.contiguous()`` copy itself (it laid A out column-major)."""
+    return torch._int_mm(a.contiguous(), b.t().contiguous().t())
+
+
+@int8_mm.register_fake
+def _(a, b):
+    return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
+
+
 @torch.library.custom_op("adahop::select_rows", mutates_args=())
 def select_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """BF16 copies of the rows ``idx`` of ``x`` (the outlier rows OE computes in high precision);

@@ -211,9 +211,17 @@ def test_int_mm_gets_the_layout_of_the_int8_tensor_core_kernels(monkeypatch):
     monkeypatch.setattr(torch, "_int_mm", spy)
     g = hot.quantize_int(gaussian(64, 48), 8, "tensor", seed(4))  # (T, out): wgrad's A is its transpose
     x = hot.quantize_int(gaussian(64, 40, s=1), 8, "sawb")  # (T, in), row-major as saved
-    out = hot.mm_int8(hot.IntTensor(g.values.t(), g.scale), x, "int-mm", torch.float32)
-    assert seen == [((64, 1), (1, 64))]
-    assert torch.equal(out, hot.mm_int8(hot.IntTensor(g.values.t(), g.scale), x, "reference", torch.float32))
+
+    def product(g, x):
+        return hot.mm_int8(hot.IntTensor(g.values.t(), g.scale), x, "int-mm", torch.float32)
+
+    ref = hot.mm_int8(hot.IntTensor(g.values.t(), g.scale), x, "reference", torch.float32)
+    assert torch.equal(product(g, x), ref)
+    # Compiled too: Inductor lays out the copies of traced PyTorch as it likes (it made A
+    # column-major), an operator's inputs as they are.
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(product, fullgraph=True)(g, x), ref)
+    assert seen == [((64, 1), (1, 64))] * 2
 
 
 @pytest.mark.gpu

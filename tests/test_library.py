@@ -82,6 +82,15 @@ def test_hot_round_opcheck(device, backend, rows_scaled):
         torch.library.opcheck(torch.ops.adahop.hot_round.default, (t, scale, draw, 7, backend))
 
 
+@pytest.mark.parametrize("device", sorted({d for d, _ in CASES}))
+def test_int8_mm_opcheck(device):
+    a = torch.randint(-127, 128, (32, 64), dtype=torch.int8, device=device)
+    b = torch.randint(-127, 128, (64, 24), dtype=torch.int8, device=device)
+    for b_layout in (b, b.t().contiguous().t()):
+        torch.library.opcheck(torch.ops.adahop.int8_mm.default, (a, b_layout))
+    assert torch.equal(library.int8_mm(a.t().contiguous().t(), b).cpu(), a.cpu().int() @ b.cpu().int())
+
+
 @pytest.mark.parametrize("device, backend", CASES)
 def test_signs_from_seed_opcheck_and_equal_on_both_backends(device, backend):
     backend = runnable(backend, device)
