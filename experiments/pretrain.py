@@ -377,8 +377,8 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
                     if trainer.peak_flops else None),
             "flops_per_token": trainer.flops_per_token,
             "peak_mem_gib": max(r["peak_mem_gib"] for r in history),
-            # CUDA: the tensors' peak (below peak_mem_gib under CUDA graphs by the pools' unused
-            # space), and what the timed steps started from; None on a CPU
+            # CUDA: the tensors' peak (under CUDA graphs those outside the graphs' pool, whose
+            # replays allocate nothing), and what the timed steps started from; None on a CPU
             "peak_allocated_gib": max(r["peak_allocated_gib"] for r in history) if device.type == "cuda" else None,
             "memory_at_start": trainer.memory_at_start,
             "untimed_peak_allocated_gib": untimed_peak,

@@ -810,8 +810,9 @@ class Trainer:
                 torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(self.device)
             # What this call starts from: the graphs' pools recorded by earlier calls and the tensors
-            # that live across steps (weights, optimizer state). Under CUDA graphs the peak's excess
-            # over the peak allocated bytes is pool space no tensor occupies (fragmentation).
+            # that live across steps (weights, optimizer state). A replay allocates nothing: under
+            # CUDA graphs the allocated bytes are those outside the pools, and the pools are
+            # (nearly all of) reserved minus allocated.
             self.memory_at_start = {"allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,
                                     "reserved_gib": torch.cuda.memory_reserved(self.device) / 2**30}
         # Throughput clock: wall time between log lines minus the time spent evaluating and saving.
