@@ -443,7 +443,8 @@ def _(n, mix, device, dtype):
 def hot_round(t: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None, qmax: int, backend: str) -> torch.Tensor:
     """int8 ``clamp(t / scale, ±qmax)`` of fp32 ``t (rows, K)``, rounded to nearest (``seed`` None)
     or stochastically from the int64 ``seed (1,)``; ``scale`` fp32 ``(rows, 1)`` or ``(1, 1)``.
-    Equivalent to :func:`adahop.hot.round_int_ref` (the implementation for ``backend="reference"``).
+    ``backend="triton"`` runs the kernel of ``kernels/hot_round.py``, ``"reference"``
+    :func:`adahop.hot.round_int_ref`; the two give the same bits.
 
     An operator, not traced PyTorch: the reference's counter hash is a long int64 expression that
     Inductor would generate anew for each shape and that eager PyTorch runs as a dozen
