@@ -105,6 +105,11 @@ FP8_IN_KERNEL = {None: 0, "row": 0, "seg128": 1, "tile128": 2}  # FP8 constexpr;
 PRESCALE = tl.constexpr(8)
 PRESCALE_DOWN = tl.constexpr(2.0**-8)
 PRESCALE_UP = tl.constexpr(2.0**8)
+# The squares (rows × columns of the operand as quantized) in which the fast kernel marks bad blocks
+# for :func:`_redo_kernel`: whole MX blocks, Hadamard blocks (≤ 128) and 128-groups of either
+# orientation, whatever the fast kernel's tile.
+REGION = tl.constexpr(128)
+REDO_CHUNK = 1024  # flags a redo program reads at once
 
 
 @triton.jit
@@ -228,6 +233,7 @@ def _load_tile(x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols, BR: tl.con
 def _quantize_store(
     t, x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols,
     codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr, seed, c_hi, c_lo,
+    flag_ptr, flag_stride_r, flag_stride_c,
     BR: tl.constexpr, BC: tl.constexpr, HADAMARD: tl.constexpr, HS: tl.constexpr, HAS_SIGNS: tl.constexpr,
     SR: tl.constexpr, DOT_FP32: tl.constexpr, PACKED: tl.constexpr, FP8: tl.constexpr, AMAX: tl.constexpr,
     SAFE: tl.constexpr,
@@ -236,11 +242,13 @@ def _quantize_store(
     store what the flags ask for. The operand is ``x_ptr`` with strides ``(stride_r, stride_c)``, from
     which the rare overflow path reloads the tile (so that ``t`` need not stay live in registers).
 
-    Two variants (the kernel runs both): ``SAFE=False`` is right for tiles without a
-    bad block (NaN/Inf input, or ±1 sums past the fp32 range) and returns whether the tile had
-    one; ``SAFE=True`` is right for every tile and returns 0. The fast variant carries none of the
-    bad-block fixes: their selects and branches, merged into the common path, cost it 10-28% more
-    instructions a value and kept ~70 more registers live (the SASS of each step).
+    Two variants. ``SAFE=False`` (:func:`_hadamard_quantize_kernel`) is right for blocks that are
+    not bad (NaN/Inf input, or ±1 sums past the fp32 range) and marks the :data:`REGION` square of
+    each bad block in ``flag_ptr`` (region (i, j) of the operand as quantized at ``i * flag_stride_r
+    + j * flag_stride_c``); ``SAFE=True`` (:func:`_redo_kernel`, run on the marked regions) is right
+    for every block. The fast variant carries none of the bad-block fixes: merged into its path,
+    their selects, branches and the reload, and in the same kernel the safe variant's registers,
+    cost it 10-28% more instructions a value and 60-90 more registers (the SASS of each step).
     """
     NB: tl.constexpr = BR * BC // 32
     SB: tl.constexpr = BC // 32  # MX blocks of a tile row
@@ -390,9 +398,23 @@ def _quantize_store(
             gr = row0 // 128 + tl.arange(0, BR // 128)
             tl.store(fp8_scale_ptr + gr[:, None] * (n_cols // 128) + g[None, :], exp2_int(r - 6),
                      mask=(gr < n_rows // 128)[:, None] & (g < n_cols // 128)[None, :])
-    if SAFE:
-        return 0
-    return tl.max(bad.to(tl.int32))
+    if not SAFE:
+        # Rare: one int atomic a bad block; the flags start at 0.
+        tl.atomic_max(flag_ptr + (rows // REGION) * flag_stride_r + (cblk // (REGION // 32)) * flag_stride_c, 1,
+                      mask=bad & ok, sem="relaxed")
+
+
+@triton.jit
+def _seeds(seed_ptr, SR: tl.constexpr):
+    """The SR seeds of the along-K and along-M orientations (0 without SR): a device tensor, so that a
+    new seed every step neither recompiles nor syncs; the along-M stream has bit 62 set."""
+    if SR:
+        seed = tl.load(seed_ptr)
+        seed_t = seed | 0x4000000000000000
+    else:
+        seed = 0
+        seed_t = 0
+    return seed, seed_t
 
 
 @triton.jit
@@ -400,7 +422,7 @@ def _hadamard_quantize_kernel(
     x_ptr, stride_m, stride_k, M, K,
     codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
     codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr,
-    seed_ptr, c_hi, c_lo,
+    seed_ptr, c_hi, c_lo, flag_ptr,
     ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
     HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
     FP8: tl.constexpr, FP8_T: tl.constexpr, AMAX: tl.constexpr, AMAX_T: tl.constexpr,
@@ -413,39 +435,54 @@ def _hadamard_quantize_kernel(
     ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * stride_m + offs_k.to(tl.int64)[None, :] * stride_k
     # Padding is 0: a padded block is all-zero and never stored (the quantized dims divide the tile).
     x = tl.load(ptrs, mask=(offs_m < M)[:, None] & (offs_k < K)[None, :], other=0.0)
-    if SR:
-        # A device tensor, so that a new seed every step neither recompiles nor syncs; the along-M
-        # orientation draws from the stream with bit 62 set.
-        seed = tl.load(seed_ptr)
-        seed_t = seed | 0x4000000000000000
-    else:
-        seed = 0
-        seed_t = 0
-    # The fast variant for each orientation, then, for one whose tile held a bad block (rare), the
-    # safe variant on the tile reloaded: its stores replace the fast ones (the same program's, after a
-    # barrier; the row maxima are already right). Last, so that no register holds the tile for later.
-    bad = 0
-    bad_t = 0
+    seed, seed_t = _seeds(seed_ptr, SR)
+    flag_k = tl.cdiv(K, REGION)
     if ALONG_K:
-        bad = _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr,
-                              amax_ptr, signs_ptr, seed, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR,
-                              DOT_FP32, PACKED, FP8, AMAX, False)
+        _quantize_store(x, x_ptr, stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr,
+                        amax_ptr, signs_ptr, seed, c_hi, c_lo, flag_ptr, flag_k, 1, BLOCK_M, BLOCK_K, HADAMARD, HS,
+                        HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, AMAX, False)
     if ALONG_M:
-        bad_t = _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr,
-                                fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed_t, c_hi, c_lo, BLOCK_K, BLOCK_M,
-                                HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32, PACKED_T, FP8_T, AMAX_T, False)
-    if bad != 0:
-        tl.debug_barrier()
-        _quantize_store(_load_tile(x_ptr, stride_m, stride_k, m0, k0, M, K, BLOCK_M, BLOCK_K), x_ptr, stride_m,
-                        stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, amax_ptr, signs_ptr,
-                        seed, c_hi, c_lo, BLOCK_M, BLOCK_K, HADAMARD, HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8,
-                        False, True)
-    if bad_t != 0:
-        tl.debug_barrier()
-        _quantize_store(_load_tile(x_ptr, stride_k, stride_m, k0, m0, K, M, BLOCK_K, BLOCK_M), x_ptr, stride_k,
-                        stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, amax_t_ptr,
-                        signs_t_ptr, seed_t, c_hi, c_lo, BLOCK_K, BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32,
-                        PACKED_T, FP8_T, False, True)
+        _quantize_store(tl.trans(x), x_ptr, stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr,
+                        fp8_scale_t_ptr, amax_t_ptr, signs_t_ptr, seed_t, c_hi, c_lo, flag_ptr, 1, flag_k, BLOCK_K,
+                        BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32, PACKED_T, FP8_T, AMAX_T, False)
+
+
+@triton.jit
+def _redo_kernel(
+    flag_ptr, n_flags,
+    x_ptr, stride_m, stride_k, M, K,
+    codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr, signs_ptr,
+    codes_t_ptr, scales_t_ptr, fp8_t_ptr, fp8_scale_t_ptr, signs_t_ptr,
+    seed_ptr, c_hi, c_lo,
+    ALONG_K: tl.constexpr, ALONG_M: tl.constexpr, HADAMARD: tl.constexpr, HADAMARD_T: tl.constexpr,
+    HAS_SIGNS: tl.constexpr, HAS_SIGNS_T: tl.constexpr, PACKED: tl.constexpr, PACKED_T: tl.constexpr,
+    FP8: tl.constexpr, FP8_T: tl.constexpr, HS: tl.constexpr, SR: tl.constexpr, DOT_FP32: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """The safe variant of :func:`_quantize_store` on each :data:`REGION` square that the fast kernel
+    marked, both orientations: its stores replace the fast kernel's there (the row maxima were
+    right). A program reads ``CHUNK`` flags at once and returns unless one is set (the usual case)."""
+    base = tl.program_id(0) * CHUNK
+    idx = base + tl.arange(0, CHUNK)
+    if tl.max(tl.load(flag_ptr + idx, mask=idx < n_flags, other=0)) != 0:
+        seed, seed_t = _seeds(seed_ptr, SR)
+        flag_k = tl.cdiv(K, REGION)
+        for j in range(CHUNK):
+            r = base + j
+            if r < n_flags:
+                if tl.load(flag_ptr + r) != 0:
+                    m0 = (r // flag_k) * REGION
+                    k0 = (r % flag_k) * REGION
+                    if ALONG_K:
+                        _quantize_store(_load_tile(x_ptr, stride_m, stride_k, m0, k0, M, K, REGION, REGION), x_ptr,
+                                        stride_m, stride_k, m0, k0, M, K, codes_ptr, scales_ptr, fp8_ptr, fp8_scale_ptr,
+                                        x_ptr, signs_ptr, seed, c_hi, c_lo, flag_ptr, 0, 0, REGION, REGION, HADAMARD,
+                                        HS, HAS_SIGNS, SR, DOT_FP32, PACKED, FP8, False, True)
+                    if ALONG_M:
+                        _quantize_store(_load_tile(x_ptr, stride_k, stride_m, k0, m0, K, M, REGION, REGION), x_ptr,
+                                        stride_k, stride_m, k0, m0, K, M, codes_t_ptr, scales_t_ptr, fp8_t_ptr,
+                                        fp8_scale_t_ptr, x_ptr, signs_t_ptr, seed_t, c_hi, c_lo, flag_ptr, 0, 0, REGION,
+                                        REGION, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32, PACKED_T, FP8_T, False, True)
 
 
 def _tile_units(kw: dict) -> tuple[int, int]:
@@ -469,17 +506,17 @@ def _config_fits(config: triton.Config, kw: dict) -> bool:
 
 # 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
 # along K for one orientation, square-ish for the transposing ones, 128-multiples for the FP8
-# groups. Pruned to what the flags need (_config_fits); 128×128 fits every launch, and at 16 warps
-# it keeps the dual SR launch off local memory. Two carry a register cap, each a measured gain at
-# the layer's steps (scripts/quantize_sweep.py; quantize-sweep in results/microbench/gpu/history/):
-# 32×128 at 4 warps capped at 80 (more programs an SM) for X, 1.07x the best uncapped config;
-# 128×128 at 8 warps capped at 128 (two programs an SM) for W, 1.13-1.14x. No tile or cap brought
-# a step past 0.29 of copy, and persistent programs walking tiles (the next tile's load in flight)
-# ran at 0.46-0.82x the best config.
+# groups. Pruned to what the flags need (_config_fits); 128×128 fits every launch. The layer's
+# steps at 16384×8192 on an H100, each config alone (scripts/quantize_sweep.py;
+# quantize-sweep-2026-12-05-h100 in results/microbench/gpu/history/): X best at 32×128, 4 warps,
+# capped at 128 registers (1.09x uncapped, 1.08x capped at 80, which spills); W at 128×128 with 16
+# warps, dY with 8, both uncapped (a cap of 128 at 8 warps: 0.91x for W, 0.54x for dY). Persistent
+# programs walking tiles (the next tile's load in flight) ran at 0.46-0.82x the best config on the
+# H200 (quantize-sweep-2026-12-04).
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, maxnreg=cap)
-    for bm, bk, w, cap in ((16, 256, 4, None), (32, 128, 4, 80), (32, 256, 4, None), (64, 256, 8, None),
-                           (64, 64, 4, None), (64, 128, 4, None), (128, 64, 4, None), (128, 128, 8, 128),
+    for bm, bk, w, cap in ((16, 256, 4, None), (32, 128, 4, 128), (32, 256, 4, None), (64, 256, 8, None),
+                           (64, 64, 4, None), (64, 128, 4, None), (128, 64, 4, None), (128, 128, 8, None),
                            (128, 128, 16, None))
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
@@ -699,13 +736,20 @@ def quantize(
             seed_ptr=seed_t if seed_t is not None else x,
             c_hi=c_hi, c_lo=c_lo, **flags,
         )
+        # One flag a REGION square, set by the fast kernel where a block is bad; the redo kernel reads them.
+        n_flags = triton.cdiv(m, REGION) * triton.cdiv(k, REGION)
+        marks = torch.zeros(n_flags, dtype=torch.int32, device=x.device)
         if INTERPRETED:
             unit_m, unit_k = _tile_units(flags)
             blocks = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
             grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
-            _hadamard_quantize_kernel[grid](**args, **blocks)
+            _hadamard_quantize_kernel[grid](**args, flag_ptr=marks, **blocks)
         else:
-            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
+            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](
+                **args, flag_ptr=marks)
+        redo = {n: v for n, v in args.items() if n not in ("amax_ptr", "amax_t_ptr", "AMAX", "AMAX_T")}
+        _redo_kernel[(triton.cdiv(n_flags, REDO_CHUNK),)](marks, n_flags, **redo, CHUNK=REDO_CHUNK,
+                                                          num_warps=8, num_stages=1)
     return _side_out(along_k, out_k), _side_out(along_m, out_m)
 
 

@@ -30,7 +30,7 @@ import adahop_kernels.hadamard_quantize as hq  # noqa: E402
 # (BLOCK_M, BLOCK_K, warps, register cap or None)
 CANDIDATES = [
     (32, 128, 4, None), (32, 128, 4, 128), (32, 128, 4, 96), (32, 128, 4, 80), (32, 128, 4, 64),
-    (32, 256, 8, None), (64, 128, 4, None), (64, 128, 4, 96),
+    (32, 128, 8, None), (32, 256, 8, None), (64, 128, 4, None), (64, 128, 4, 96), (64, 128, 8, None),
     (128, 128, 16, None), (128, 128, 16, 64), (128, 128, 8, None), (128, 128, 8, 128), (128, 128, 8, 96),
     (128, 128, 32, None),
 ]

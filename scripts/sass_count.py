@@ -69,7 +69,7 @@ def quantize_variant(dtype="*bf16", block_m=32, block_k=256, num_warps=4, **flag
             "amax_ptr": "*i32", "signs_ptr": "*fp32"}
     args = {"x_ptr": dtype, "stride_m": "i32", "stride_k": 1, "M": "i32", "K": "i32", **side,
             **{k.replace("_ptr", "_t_ptr"): v for k, v in side.items()},
-            "seed_ptr": "*i64", "c_hi": "fp32", "c_lo": "fp32", **constexprs}
+            "seed_ptr": "*i64", "c_hi": "fp32", "c_lo": "fp32", "flag_ptr": "*i32", **constexprs}
     return sass_per_value(hq._hadamard_quantize_kernel, args, num_warps, block_m * block_k)
 
 
