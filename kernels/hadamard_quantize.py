@@ -504,20 +504,18 @@ def _config_fits(config: triton.Config, kw: dict) -> bool:
     return config.kwargs["BLOCK_M"] % unit_m == 0 and config.kwargs["BLOCK_K"] % unit_k == 0
 
 
-# 32 or 64 values a thread (the MMA accumulator of a 64-value slice takes ~130 registers); wide
-# along K for one orientation, square-ish for the transposing ones, 128-multiples for the FP8
-# groups. Pruned to what the flags need (_config_fits); 128×128 fits every launch. The layer's
-# steps at 16384×8192 on an H100, each config alone (scripts/quantize_sweep.py;
-# quantize-sweep-2026-12-05-h100 in results/microbench/gpu/history/): X best at 32×128, 4 warps,
-# capped at 128 registers (1.09x uncapped, 1.08x capped at 80, which spills); W at 128×128 with 16
-# warps, dY with 8, both uncapped (a cap of 128 at 8 warps: 0.91x for W, 0.54x for dY). Persistent
-# programs walking tiles (the next tile's load in flight) ran at 0.46-0.82x the best config on the
-# H200 (quantize-sweep-2026-12-04).
+# 32 or 64 values a thread; wide along K for one orientation, square-ish for the transposing ones,
+# 128-multiples for the FP8 groups. Pruned to what the flags need (_config_fits); 128×128 fits
+# every launch. Three carry a register cap, each the best config of a layer step at 16384×8192 on
+# an H100, every config timed alone (scripts/quantize_sweep.py; quantize-sweep-2026-12-05-h100 in
+# results/microbench/gpu/history/): X 32×128 at 4 warps capped at 64 (more programs an SM),
+# 1.10x uncapped; W 128×128 at 8 warps capped at 128, 1.24x uncapped; dY 128×128 at 16 warps capped
+# at 64, 1.12x uncapped. Persistent programs walking tiles (the next tile's load in flight) ran at
+# 0.46-0.82x the best config on an H200 (quantize-sweep-2026-12-04).
 _GPU_CONFIGS = [
     triton.Config({"BLOCK_M": bm, "BLOCK_K": bk}, num_warps=w, maxnreg=cap)
-    for bm, bk, w, cap in ((16, 256, 4, None), (32, 128, 4, 128), (32, 256, 4, None), (64, 256, 8, None),
-                           (64, 64, 4, None), (64, 128, 4, None), (128, 64, 4, None), (128, 128, 8, None),
-                           (128, 128, 16, None))
+    for bm, bk, w, cap in ((16, 256, 4, None), (32, 128, 4, 64), (32, 256, 4, None), (64, 64, 4, None),
+                           (64, 128, 4, None), (128, 64, 4, None), (128, 128, 8, 128), (128, 128, 16, 64))
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
