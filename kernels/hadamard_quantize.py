@@ -68,8 +68,10 @@ scheduler, so the issue slots were 46-59% used; at full issue those counts would
 steps at 0.46, 0.48 and 0.31 of copy (DESIGN §6). What did not help, measured: persistent
 programs walking tiles with the next load in flight (0.46-0.82x the best config;
 ``quantize-sweep`` in ``results/microbench/gpu/history/``, and an earlier multi-tile variant at
-half the rate, ``kernels-multitile``); the rare branches moved to a second launch (0.34-1.07x,
-``quantize-ab-fixup-launch``). The tricks that stay: the rounding by one add of a binade-sized
+half the rate, ``kernels-multitile``). The rare paths moved to a second launch with the configs of
+the time measured 0.34-1.07x (``quantize-ab-fixup-launch``, an H200); the split that stays (the
+redo kernel of the marked squares) with register caps retuned for it sped the steps 1.25-1.53x on
+an H100 (DESIGN §6). The tricks that stay: the rounding by one add of a binade-sized
 magic number, a float block max that keeps NaN, eight codes a 32-bit word with the "-0" nibbles
 cleared by a SWAR mask, E4M3 bytes from the GPU's conversion, and H's columns permuted so each MMA
 lane holds consecutive outputs (no data moves before the packing).
@@ -247,8 +249,8 @@ def _quantize_store(
     each bad block in ``flag_ptr`` (region (i, j) of the operand as quantized at ``i * flag_stride_r
     + j * flag_stride_c``); ``SAFE=True`` (:func:`_redo_kernel`, run on the marked regions) is right
     for every block. The fast variant carries none of the bad-block fixes: merged into its path,
-    their selects, branches and the reload, and in the same kernel the safe variant's registers,
-    cost it 10-28% more instructions a value and 60-90 more registers (the SASS of each step).
+    their selects, branches and reload, and in the same kernel the safe variant's registers, cost
+    the layer's steps 1.25-1.53x of speed on an H100 (DESIGN §6).
     """
     NB: tl.constexpr = BR * BC // 32
     SB: tl.constexpr = BC // 32  # MX blocks of a tile row

@@ -11,9 +11,8 @@ the kernel is issue-bound. A proxy, not a timing: the GPU benchmarks have the la
 
 Kernels with loops (the K loop of ``fp8_reencode``) are counted statically: one trip of each
 loop, prologue and the rarely taken general path included, so those counts are upper bounds of
-the per-value work. So are the quantize kernel's: its two rare branches (the pre-scaled redo of
-overflowing sums, the code-by-code FP8 encoding) count too, and they also set its registers; the
-hot-path figures in ``kernels/hadamard_quantize.py`` are counted with them compiled out.
+the per-value work. The quantize kernel has no rare path of its own (bad blocks are redone by
+``_redo_kernel``, not counted here): its count is what every tile runs.
 """
 
 from __future__ import annotations
