@@ -449,7 +449,9 @@ def _hadamard_quantize_kernel(
                         BLOCK_M, HADAMARD_T, HS, HAS_SIGNS_T, SR, DOT_FP32, PACKED_T, FP8_T, AMAX_T, False)
 
 
-@triton.jit
+# Rare work: one binary per flag combination, whatever the sizes (its compile is the safe path's).
+@triton.jit(do_not_specialize=["n_flags", "stride_m", "stride_k", "M", "K"],
+            do_not_specialize_on_alignment=["n_flags", "stride_m", "stride_k", "M", "K"])
 def _redo_kernel(
     flag_ptr, n_flags,
     x_ptr, stride_m, stride_k, M, K,
