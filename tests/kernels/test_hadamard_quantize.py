@@ -715,6 +715,29 @@ def test_huge_blocks_with_sr_and_fp8(device):
     assert torch.equal(u8(out.fp8), u8(to_fp8_ref(MXFP4Tensor(out.codes.cpu(), out.scales.cpu()), "tile128")[0]))
 
 
+@NAN_INPUT
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("cols,fp8", [(416, None), (384, "seg128")], ids=["partial", "fp8"])
+def test_bad_blocks_in_edge_squares_are_redone(cols, fp8, dtype, device):
+    # The fast kernel marks the 128x128 square of each bad block and the redo kernel redoes it: bad
+    # blocks in the partial squares at the bottom edge (160 rows) and, with 416 columns, the right
+    # edge, in an inner square, and beside good blocks of the same square, in a dual call, against
+    # the reference.
+    x = spread_input(160, cols, 7, torch.float32, binades=2.0)
+    x[150, cols - 16] = float("nan")  # the bottom-right square
+    x[140, 5] = float("inf")  # bottom edge
+    x[10, 288:320] = torch.finfo(torch.float32).max  # ±1 sums past the fp32 range
+    x[70, 130] = -float("inf")  # an inner square
+    x = x.to(dtype)
+    kside = Side(True, None, packed=True, fp8=fp8, amax=True)
+    mside = Side(True, None, packed=True)
+    out_k, out_m = quantize(x.to(device), kside, mside)
+    assert_side_equals_reference(out_k, kside, x, "K")
+    assert_side_equals_reference(out_m, mside, x, "M")
+    assert (out_k.scales.cpu() == E8M0_NAN).any() and (out_k.scales.cpu() != E8M0_NAN).any()
+
+
 # ---- quantize(): bad requests --------------------------------------------------------------------
 
 
