@@ -256,6 +256,24 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
                 read_results(ROOT / "results" / "throughput" / "gpu" / "125m_compile.json")["records"]}
     assert f"{compiled['adahop']:.1f} against {compiled['bf16']:.1f} GiB" in text
 
+    recs = {r["recipe"]: r for r in
+            read_results(ROOT / "results" / "throughput" / "gpu" / "125m_cudagraphs_adahop.json")["records"]}
+
+    def recording_peak(rec):
+        """Tensors allocated at the step that recorded the graphs: the last untimed step above the
+        level every replay holds."""
+        steps = rec["untimed_peak_allocated_gib"]
+        replay = steps[-1]
+        return next(steps[i - 1] for i in range(1, len(steps)) if steps[i] <= replay + 0.05 < steps[i - 1])
+
+    a, b = recs["adahop"], recs["bf16"]
+    assert (f"allocated at most {recording_peak(a):.1f} GiB for adahop against {recording_peak(b):.1f} GiB for bf16"
+            in text)
+    assert (f"began with {a['memory_at_start']['reserved_gib']:.1f} against {b['memory_at_start']['reserved_gib']:.1f} "
+            f"GiB reserved (peaks {a['peak_mem_gib']:.1f} against {b['peak_mem_gib']:.1f} GiB)") in text
+    calibration = a["config"]["recipe_overrides"]["calibration_steps"]  # the untimed steps that calibrate, eagerly
+    assert f"allocated up to {max(a['untimed_peak_allocated_gib'][:calibration]):.1f} GiB there" in text
+
 
 def test_hot_round_docstring_figures_are_the_results_file():
     from adahop.harness.provenance import read_results
