@@ -684,7 +684,9 @@ def quantize(
     [0, 2**62), an int64 ``(1,)`` tensor on x's device holding one (read by the kernel: no
     recompile or sync when it changes), or None (one drawn from torch's generator); the draws are
     a function of (seed, orientation, output row, output column) only. seg128/tile128 FP8 is
-    written by the quantizing pass itself; "row" re-encodes its packed codes afterwards.
+    written by the quantizing pass itself; "row" re-encodes its packed codes afterwards. Blocks of
+    NaN/Inf input, or whose ±1 sums pass the fp32 range, are redone by a second, small launch that
+    returns at once where there are none (a few µs).
 
     Equivalent to, per requested orientation with ``xo = x`` (along K) or ``x.T`` (along M):
     ``q = adahop.ops.hadamard_quantize_ref(xo, side.hadamard, hadamard_size, side.signs, rounding)``,
