@@ -15,10 +15,11 @@ each orientation as MX blocks ``(blocks, 32)`` and for each:
    the 1/√HS factor is folded into the MX scale step and applied with one fma of its two fp32
    halves: the scaled values are the fp64 reference's, correctly rounded, except within ~2^-47
    of a rounding boundary. Sums past the fp32 range (blocks with values from ~2^128/HS up, where
-   the reference's fp64 transform is still finite) turn the block bad; a tile holding a bad block
-   redoes it pre-scaled by 2^-8 and takes the factor back in its scale, so the kernel decides as
-   the reference does up to the fp32 maximum (NaN scale only where the reference's fp32 values
-   overflow or the input holds NaN/Inf);
+   the reference's fp64 transform is still finite) turn the block bad: the program marks the
+   block's 128×128 square, and a second kernel (:func:`_redo_kernel`) redoes each marked square
+   with its bad groups pre-scaled by 2^-8, taking the factor back in their scales, so the result
+   decides as the reference does up to the fp32 maximum (NaN scale only where the reference's
+   fp32 values overflow or the input holds NaN/Inf);
 4. quantizes exactly as :func:`adahop.formats.quantize_mxfp4_ref` decides (scale from the fp32
    exponent bits of the block amax, RNE or stochastic rounding, SR's scale bump, NaN/Inf blocks
    → scale 0xFF and codes 0) and, if ``packed``, stores packed codes (low nibble first) and E8M0
