@@ -524,8 +524,8 @@ _GPU_CONFIGS = [
 ]
 _FLAGS = ["ALONG_K", "ALONG_M", "HADAMARD", "HADAMARD_T", "HAS_SIGNS", "HAS_SIGNS_T", "PACKED", "PACKED_T",
           "FP8", "FP8_T", "AMAX", "AMAX_T", "HS", "SR", "DOT_FP32"]
-# No reset of the AMAX outputs between timed configs: a max over the same input is idempotent
-# (and an unused pointer argument is x itself, which a reset would zero).
+# No reset of the AMAX outputs or the marks between timed configs: a max over the same input is
+# idempotent (and an unused pointer argument is x itself, which a reset would zero).
 _tuned_kernel = autotune(_hadamard_quantize_kernel, _GPU_CONFIGS, key=["M", "K", *_FLAGS], fits=_config_fits)
 
 
