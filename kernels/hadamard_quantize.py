@@ -71,8 +71,8 @@ programs walking tiles with the next load in flight (0.46-0.82x the best config;
 ``quantize-sweep`` in ``results/microbench/gpu/history/``, and an earlier multi-tile variant at
 half the rate, ``kernels-multitile``). The rare paths moved to a second launch with the configs of
 the time measured 0.34-1.07x (``quantize-ab-fixup-launch``, an H200); the split that stays (the
-redo kernel of the marked squares) with register caps retuned for it sped the steps 1.25-1.53x on
-an H100 (DESIGN §6). The tricks that stay: the rounding by one add of a binade-sized
+redo kernel of the marked squares) with register caps retuned for it sped the steps 1.20-1.56x on
+an H100, the same bytes out (``results/microbench/gpu/quantize-ab.json``; DESIGN §6). The tricks that stay: the rounding by one add of a binade-sized
 magic number, a float block max that keeps NaN, eight codes a 32-bit word with the "-0" nibbles
 cleared by a SWAR mask, E4M3 bytes from the GPU's conversion, and H's columns permuted so each MMA
 lane holds consecutive outputs (no data moves before the packing).
@@ -251,7 +251,7 @@ def _quantize_store(
     + j * flag_stride_c``); ``SAFE=True`` (:func:`_redo_kernel`, run on the marked regions) is right
     for every block. The fast variant carries none of the bad-block fixes: merged into its path,
     their selects, branches and reload, and in the same kernel the safe variant's registers, cost
-    the layer's steps 1.25-1.53x of speed on an H100 (DESIGN §6).
+    the layer's steps 1.20-1.56x of speed on an H100 (DESIGN §6).
     """
     NB: tl.constexpr = BR * BC // 32
     SB: tl.constexpr = BC // 32  # MX blocks of a tile row

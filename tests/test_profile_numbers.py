@@ -132,3 +132,19 @@ def test_design_h100_quantize_step_rates_are_the_results_file():
     for text in (f"run at {min(gbs):.0f}–{max(gbs):.0f} GB/s on the H100",
                  f"so {min(rne):.2f}–{max(rne):.2f} of the H100's copy rate with RNE and {min(sr):.2f}–{max(sr):.2f} with SR"):
         assert text in design, f"DESIGN §6 does not say {text!r}"
+
+
+def test_design_and_docstring_quantize_ab_ratios_are_the_results_file():
+    """The same-run A/B of the two-kernel quantize against the kernel before it: per step, the
+    range of its speed ratios over the shapes, and every shape wrote the same bytes."""
+    recs = json.loads((ROOT / "results" / "microbench" / "gpu" / "quantize-ab.json").read_text())["records"]
+    assert recs and all(r["same_bytes"] for r in recs)
+    spans = {}
+    for step, name in (("X", "X-forward"), ("W", "W"), ("dY", "dY-backward-sr")):
+        ratios = [r["ratio_to_peers"]["baseline"] for r in recs if r["test"].startswith(name + "[")]
+        spans[step] = (min(ratios), max(ratios))
+    text = ", ".join(f"{step} {lo:.2f}–{hi:.2f}×" for step, (lo, hi) in spans.items())
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+    lo = min(lo for lo, _ in spans.values())
+    hi = max(hi for _, hi in spans.values())
+    assert f"{lo:.2f}-{hi:.2f}x" in prose(KERNEL), f"{KERNEL.name} does not say {lo:.2f}-{hi:.2f}x"
