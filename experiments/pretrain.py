@@ -37,6 +37,13 @@ as DDP's gradient all-reduce does, count once) and ``busy_fraction`` = ``busy_s`
 under 1, the GPU waits for the host (Python, launches): a host-bound recipe. Kept off the timed steps
 so that tokens/s stays unprofiled; ``profiled_tokens_per_s`` beside it shows what the profiler cost.
 
+Where the memory goes (CUDA): each record's ``allocator_at_start`` splits what was reserved when the
+timed steps began into the bytes tensors held and the bytes the caching allocator kept cached, per
+memory pool (under CUDA graphs each graph tree's private pool is one). ``--memory-snapshot DIR``
+also records the allocator's events through each recipe's untimed steps and writes
+``DIR/memory_<model>_<recipe>.pickle``, which https://pytorch.org/memory_viz opens: which
+allocation made each block of a pool.
+
 SIGTERM (``timeout``, Slurm, ``torchrun`` forwarding its own) ends training at the next step
 boundary: that step is checkpointed and the script exits with status 75 (EX_TEMPFAIL); the same
 command resumes there. ``timeout`` sends its SIGTERM twice, to the process and then to its process
@@ -172,6 +179,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, metavar="DIR",
                    help="throughput: after the timed steps, profile 3 more (torch.profiler) and write "
                         "DIR/profile_<model>_<recipe>.txt, the kernels and ops by GPU and by self-CPU time")
+    p.add_argument("--memory-snapshot", type=Path, metavar="DIR",
+                   help="throughput on CUDA: record the allocator's history through each recipe's untimed steps "
+                        "and write DIR/memory_<model>_<recipe>.pickle (open it at https://pytorch.org/memory_viz)")
     p.add_argument("--vocab-size", type=int, help=f"throughput without --data (default {REFERENCE_VOCAB})")
     args = p.parse_args(argv)
     for name in ("untimed_steps", "busy_steps"):
@@ -181,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--data and --out are required (unless --throughput-only)")
     if args.throughput_only and args.results is None:
         p.error("--throughput-only needs --results")
+    if args.memory_snapshot is not None and not args.throughput_only:
+        p.error("--memory-snapshot is for --throughput-only")
     return args
 
 
@@ -232,6 +244,10 @@ def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:
 
 
 PROFILE_STEPS = 3
+# Allocator events --memory-snapshot keeps, the latest: after the untimed steps those of the warm-up
+# and CUDA-graph recording steps (replays allocate nothing); a pickled event with its Python stack
+# takes a few KB.
+SNAPSHOT_ENTRIES = 20_000
 BUSY_STEPS = 5
 
 
@@ -314,6 +330,8 @@ def profile_steps(trainer: Trainer, path: Path) -> None:
 
 def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     info, device = init_distributed(args.device)
+    if args.memory_snapshot is not None and device.type != "cuda":
+        raise SystemExit(f"--memory-snapshot records the CUDA caching allocator; this run's device is {device.type}")
     recipes = args.recipe.split(",") if args.recipe else [resolve_config(args).recipe]
     for recipe in recipes:  # a missing torchao stops the run before the first measurement
         check_recipe(recipe)
@@ -334,10 +352,17 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
                                   checkpoint_interval=0, log_interval=1, max_tokens=None)
         batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
         caches = compile_cache_files()
+        snapshot = args.memory_snapshot is not None and info.is_main
+        if snapshot:
+            torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES, stacks="python")
         t_untimed = time.perf_counter()
         trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
         untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
         untimed_s = time.perf_counter() - t_untimed
+        if snapshot:
+            args.memory_snapshot.mkdir(parents=True, exist_ok=True)
+            torch.cuda.memory._dump_snapshot(str(args.memory_snapshot / f"memory_{cfg.model}_{recipe}.pickle"))
+            torch.cuda.memory._record_memory_history(enabled=None)
         # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
         # first fixed step compiles), and the rest, building the model.
         untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
@@ -345,6 +370,8 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         # what the graphs' tensors took, against the pool the timed steps start with (memory_at_start).
         untimed_peak = [r["peak_allocated_gib"] for r in untimed if "peak_allocated_gib" in r] or None
         history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
+        # What the timed steps started from (the runs below set the trainer's own again).
+        memory_at_start, allocator_at_start = trainer.memory_at_start, trainer.allocator_at_start
         gpu_busy = measure_busy(trainer, busy)
         if args.profile and info.is_main:
             profile_steps(trainer, args.profile / f"profile_{cfg.model}_{recipe}.txt")
@@ -380,7 +407,9 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             # CUDA: the tensors' peak (under CUDA graphs those outside the graphs' pool, whose
             # replays allocate nothing), and what the timed steps started from; None on a CPU
             "peak_allocated_gib": max(r["peak_allocated_gib"] for r in history) if device.type == "cuda" else None,
-            "memory_at_start": trainer.memory_at_start,
+            "memory_at_start": memory_at_start,
+            # CUDA: the reserved bytes as tensors and cache, per pool, at the same point
+            "allocator_at_start": allocator_at_start,
             "untimed_peak_allocated_gib": untimed_peak,
             # GPU-busy share of wall time (None on a CPU), from steps after the timed ones
             "gpu_busy": gpu_busy,

@@ -402,6 +402,7 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
     assert 0 <= record["build_s"] < record["untimed_s"]
     assert record["mfu"] is None  # no peak FLOP/s for a CPU
     assert record["peak_allocated_gib"] is None and record["memory_at_start"] is None  # CUDA only
+    assert record["allocator_at_start"] is None
     assert record["untimed_peak_allocated_gib"] is None
     assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
     assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()
@@ -605,3 +606,48 @@ def test_device_intervals_reads_the_profilers_events_of_one_device():
     assert cpu and all(0 <= a < b for a, b in cpu)
     assert 0 < load_script().busy_split(cpu, wall + 1.0)["busy_s"] <= wall + 1.0
     assert load_script().device_intervals(prof) == []  # no CUDA records without a GPU
+
+
+def _segment(pool, blocks):
+    return {"segment_pool_id": pool, "total_size": sum(size for size, _ in blocks),
+            "active_size": sum(size for size, state in blocks if state != "inactive"),
+            "blocks": [{"size": size, "state": state} for size, state in blocks]}
+
+
+def test_allocator_summary_splits_reserved_into_tensors_and_cache_per_pool():
+    from adahop.harness.train import allocator_summary
+
+    gib = 2**30
+    snapshot = {"segments": [
+        _segment((0, 0), [(1 * gib, "active_allocated"), (gib // 2, "inactive")]),
+        _segment((1, 7), [(2 * gib, "active_allocated"), (gib, "inactive"), (gib // 4, "active_awaiting_free")]),
+        _segment((1, 7), [(3 * gib, "inactive")]),
+    ]}
+    s = allocator_summary(snapshot)
+    assert (s["segments"], s["reserved_gib"], s["active_gib"], s["inactive_gib"]) == (3, 7.75, 3.25, 4.5)
+    assert s["largest_inactive_gib"] == 3.0
+    graph, default = s["pools"]  # largest reserved first
+    assert graph == {"pool": "(1, 7)", "segments": 2, "reserved_gib": 6.25, "active_gib": 2.25, "inactive_gib": 4.0,
+                     "largest_inactive_gib": 3.0}
+    assert default["pool"] == "(0, 0)" and default["inactive_gib"] == 0.5 and default["largest_inactive_gib"] == 0.5
+    assert allocator_summary({"segments": []})["reserved_gib"] == 0 and allocator_summary({"segments": []})["pools"] == []
+
+
+@pytest.mark.parametrize("bad", [None, [], {"device_traces": []}, {"segments": {}}])
+def test_allocator_summary_refuses_what_is_not_a_snapshot(bad):
+    from adahop.harness.train import allocator_summary
+
+    with pytest.raises(ValueError, match="snapshot must be the dict of torch.cuda.memory._snapshot"):
+        allocator_summary(bad)
+
+
+def test_memory_snapshot_is_for_cuda_throughput_runs(profile, tmp_path, capsys):
+    script = load_script()
+    base = ["--config", str(profile), "--model", "tiny", "--vocab-size", "512", "--device", "cpu", "--no-progress",
+            "--memory-snapshot", str(tmp_path / "snap")]
+    with pytest.raises(SystemExit):
+        script.main([*base, "--data", str(tmp_path), "--out", str(tmp_path / "run")])
+    assert "--memory-snapshot is for --throughput-only" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="--memory-snapshot records the CUDA caching allocator; this run's device is cpu"):
+        script.main([*base, "--throughput-only", "--results", str(tmp_path / "t.json")])
+    assert not (tmp_path / "snap").exists() and not (tmp_path / "t.json").exists()

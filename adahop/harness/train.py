@@ -386,6 +386,37 @@ def peak_memory_gib(device: torch.device, cudagraphs: bool = False) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # ru_maxrss is KiB on Linux
 
 
+def allocator_summary(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """What the CUDA caching allocator holds, from ``torch.cuda.memory._snapshot()``: reserved
+    bytes (every segment), the bytes tensors hold in them (active) and the cached rest (inactive:
+    free for reuse, but only by allocations that fit its blocks), in GiB, the largest inactive
+    block, and the same per memory pool (a CUDA graph's private pool is one; ``(0, 0)`` is the
+    default pool), largest reserved first. Under CUDA graphs a pool's inactive bytes are what its
+    recording cached and its replays never fill."""
+    if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
+        raise ValueError("snapshot must be the dict of torch.cuda.memory._snapshot(), with a 'segments' list")
+    pools: dict[str, dict[str, Any]] = {}
+    largest = 0
+    for seg in snapshot["segments"]:
+        pool = pools.setdefault(str(tuple(seg.get("segment_pool_id", (0, 0)))),
+                                {"segments": 0, "reserved": 0, "active": 0, "largest_inactive": 0})
+        pool["segments"] += 1
+        pool["reserved"] += seg["total_size"]
+        pool["active"] += seg["active_size"]
+        for block in seg.get("blocks", []):
+            if block["state"] == "inactive":
+                pool["largest_inactive"] = max(pool["largest_inactive"], block["size"])
+        largest = max(largest, pool["largest_inactive"])
+
+    def gib(p: dict[str, Any]) -> dict[str, Any]:
+        return {"segments": p["segments"], "reserved_gib": p["reserved"] / 2**30, "active_gib": p["active"] / 2**30,
+                "inactive_gib": (p["reserved"] - p["active"]) / 2**30, "largest_inactive_gib": p["largest_inactive"] / 2**30}
+
+    total = {k: sum(p[k] for p in pools.values()) for k in ("segments", "reserved", "active")}
+    return {**gib({**total, "largest_inactive": largest}),
+            "pools": [{"pool": name, **gib(p)} for name, p in sorted(pools.items(), key=lambda kv: -kv[1]["reserved"])]}
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -492,6 +523,7 @@ class Trainer:
         self.fsdp = cfg.fsdp
         self.cudagraphs = cfg.compile and cfg.compile_mode in CUDAGRAPH_MODES and self.device.type == "cuda"
         self.memory_at_start: dict[str, float] | None = None  # CUDA: set by run()
+        self.allocator_at_start: dict[str, Any] | None = None  # CUDA: set by run()
         if self.fsdp:
             self.model = shard_fsdp(self.model, self.device, self.dist.world_size, use_bf16,
                                     cfg.compile_mode if cfg.compile else None)
@@ -815,6 +847,8 @@ class Trainer:
             # (nearly all of) reserved minus allocated.
             self.memory_at_start = {"allocated_gib": torch.cuda.memory_allocated(self.device) / 2**30,
                                     "reserved_gib": torch.cuda.memory_reserved(self.device) / 2**30}
+            # How the reserved bytes split into tensors and cache, per pool (a graph's pool is one).
+            self.allocator_at_start = allocator_summary(torch.cuda.memory._snapshot(self.device))
         # Throughput clock: wall time between log lines minus the time spent evaluating and saving.
         t_last, steps_since, paused = time.perf_counter(), 0, 0.0
         try:
