@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from adahop.harness.provenance import read_results
+
 ROOT = Path(__file__).resolve().parent.parent
 DESIGN = ROOT / "docs" / "DESIGN.md"
 README = ROOT / "README.md"
@@ -180,11 +182,14 @@ def test_docs_name_no_path_that_does_not_exist():
     assert not missing, missing
 
 
+def words(path: Path) -> str:
+    """The file's text with every run of whitespace one space: prose quoted across line breaks."""
+    return " ".join(path.read_text().split())
+
+
 def test_kernels_readme_compile_times_are_the_results_file():
     """The hash operators' paragraph quotes results/microbench/cpu/hash-ops-ab.json."""
-    from adahop.harness.provenance import read_results
-
-    text = " ".join((ROOT / "kernels" / "README.md").read_text().split())
+    text = words(ROOT / "kernels" / "README.md")
     for device in ("cpu", "gpu"):
         records = read_results(ROOT / "results" / "microbench" / device / "hash-ops-ab.json")["records"]
         by = {(r["recipe"], r["variant"]): r for r in records}
@@ -203,11 +208,7 @@ def test_kernels_readme_compile_times_are_the_results_file():
 
 def test_design_hot_speed_and_memory_figures_are_the_results_files():
     """DESIGN's HOT paragraphs quote the memory, layer, throughput and profile files they name."""
-    import re
-
-    from adahop.harness.provenance import read_results
-
-    text = " ".join((ROOT / "docs" / "DESIGN.md").read_text().split())
+    text = words(DESIGN)
     res = ROOT / "results"
 
     def span(values, fmt="{:.2f}"):
@@ -243,9 +244,7 @@ def test_design_hot_speed_and_memory_figures_are_the_results_files():
 
 
 def test_design_cuda_graph_pool_figures_are_the_results_file():
-    from adahop.harness.provenance import read_results
-
-    text = " ".join((ROOT / "docs" / "DESIGN.md").read_text().split())
+    text = words(DESIGN)
     recs = {r["recipe"]: r for r in
             read_results(ROOT / "results" / "throughput" / "gpu" / "125m_cudagraphs_hot.json")["records"]}
     pools = [f"{recs[r]['memory_at_start']['reserved_gib']:.1f} GiB" for r in ("bf16", "adahop", "hot")]
@@ -276,9 +275,7 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
 
 
 def test_hot_round_docstring_figures_are_the_results_file():
-    from adahop.harness.provenance import read_results
-
-    text = " ".join((ROOT / "kernels" / "hot_round.py").read_text().split())
+    text = words(ROOT / "kernels" / "hot_round.py")
     recs = read_results(ROOT / "results" / "microbench" / "gpu" / "hot-round.json")["records"]
 
     def spans(rounding):

@@ -396,7 +396,6 @@ def allocator_summary(snapshot: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(snapshot, dict) or not isinstance(snapshot.get("segments"), list):
         raise ValueError("snapshot must be the dict of torch.cuda.memory._snapshot(), with a 'segments' list")
     pools: dict[str, dict[str, Any]] = {}
-    largest = 0
     for seg in snapshot["segments"]:
         pool = pools.setdefault(str(tuple(seg.get("segment_pool_id", (0, 0)))),
                                 {"segments": 0, "reserved": 0, "active": 0, "largest_inactive": 0})
@@ -406,14 +405,14 @@ def allocator_summary(snapshot: dict[str, Any]) -> dict[str, Any]:
         for block in seg.get("blocks", []):
             if block["state"] == "inactive":
                 pool["largest_inactive"] = max(pool["largest_inactive"], block["size"])
-        largest = max(largest, pool["largest_inactive"])
 
     def gib(p: dict[str, Any]) -> dict[str, Any]:
         return {"segments": p["segments"], "reserved_gib": p["reserved"] / 2**30, "active_gib": p["active"] / 2**30,
                 "inactive_gib": (p["reserved"] - p["active"]) / 2**30, "largest_inactive_gib": p["largest_inactive"] / 2**30}
 
     total = {k: sum(p[k] for p in pools.values()) for k in ("segments", "reserved", "active")}
-    return {**gib({**total, "largest_inactive": largest}),
+    total["largest_inactive"] = max((p["largest_inactive"] for p in pools.values()), default=0)
+    return {**gib(total),
             "pools": [{"pool": name, **gib(p)} for name, p in sorted(pools.items(), key=lambda kv: -kv[1]["reserved"])]}
 
 
