@@ -85,6 +85,17 @@ PROFILE = config["profile"]
 COMMITTED = config["results_from"] == "committed"
 
 
+def run_settings(settings, recipe):
+    """A pretraining run's params: the pretrain section's training ``settings`` with
+    ``compile_recipes`` resolved to whether ``recipe`` compiles (as TrainConfig.from_section does),
+    so that naming a recipe there reruns that recipe's runs only, not every run of the profile."""
+    settings = dict(settings)
+    only = settings.pop("compile_recipes", None)
+    if only is not None and settings.get("compile"):
+        settings["compile"] = recipe in only
+    return settings
+
+
 def stage_input(path):
     """An input of a stage rule.
 

@@ -9,9 +9,10 @@
 
 PRETRAIN = config["pretrain"]
 # Keys of the pretrain section that choose which runs exist; the others are training settings
-# (fields of adahop.harness.train.TrainConfig) that the script reads, and the params every run shares.
+# (fields of adahop.harness.train.TrainConfig) that the script reads, and the params of each run.
 PRETRAIN_MATRIX_KEYS = ("models", "recipes", "seeds", "ablations")
 TRAIN_SETTINGS = {k: v for k, v in PRETRAIN.items() if k not in PRETRAIN_MATRIX_KEYS}
+
 RUN = "{model}_{recipe}_s{seed}"
 RUNS = expand(RUN, model=PRETRAIN["models"], recipe=PRETRAIN["recipes"], seed=PRETRAIN["seeds"])
 # Ablation runs (their own recipes and seeds) join the runs the tables and figures 3 and 6 read.
@@ -36,7 +37,7 @@ rule pretrain:
         results=results_path("pretrain", RUN),
     params:
         run=f"runs/{PROFILE}/{RUN}",
-        train=TRAIN_SETTINGS,
+        train=lambda wildcards: run_settings(TRAIN_SETTINGS, wildcards.recipe),
     log:
         log_path("pretrain", RUN),
     shell:

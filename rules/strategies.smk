@@ -17,7 +17,7 @@ rule strategies:
     output:
         results_path("strategies", RUN),
     params:
-        train=TRAIN_SETTINGS,
+        train=lambda wildcards: run_settings(TRAIN_SETTINGS, wildcards.recipe),
     log:
         log_path("strategies", RUN),
     shell:

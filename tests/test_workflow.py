@@ -486,3 +486,11 @@ def test_pretraining_cut_by_sigterm_keeps_its_run_folder_and_resumes_on_the_next
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "loss" in r and "event" not in r] == list(range(1, smoke["pretrain"]["steps"] + 1))
     assert {"step": cut, "event": "stopped", "reason": "signal SIGTERM"} in rows
+
+    # A run's params are its own settings: naming another recipe in compile_recipes leaves it done;
+    # naming its own flips its compile and reruns it (Snakemake's params trigger).
+    smoke["pretrain"]["compile"] = True
+    for only, to_do in ((["mxfp4"], 0), (["bf16"], 1)):
+        smoke["pretrain"]["compile_recipes"] = only
+        (workflow / "config" / "smoke.yaml").write_text(yaml.safe_dump(smoke, sort_keys=False))
+        assert snakemake(workflow, "-n", target).output.count("rule pretrain:") == to_do, only
