@@ -241,6 +241,10 @@ def test_design_hot_speed_and_memory_figures_are_the_results_files():
 
     assert f"{share('i161616gemm_s8_forwardCompat'):.0f}% of HOT's GPU time" in text
     assert f"the rounding operator ({share('_hot_round_kernel'):.0f}%)" in text
+    tput = {r["recipe"]: r["tokens_per_s"] for r in
+            read_results(res / "throughput" / "gpu" / "125m_cudagraphs_hot_int8mm.json")["records"]}
+    assert f"trains at {tput['hot'] / tput['bf16']:.2f}× bf16 under CUDA graphs (`results/throughput/gpu/" \
+           "125m_cudagraphs_hot_int8mm.json`)" in text
 
 
 def test_design_cuda_graph_pool_figures_are_the_results_file():
