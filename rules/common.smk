@@ -120,10 +120,15 @@ def log_path(rule, name="job"):
     return f"logs/{PROFILE}/{rule}/{name}.log"
 
 
-def script_cmd(script, *args, launcher="python"):
+def script_cmd(script, *args, launcher="python", gpus=None):
     """The shell command of a stage: its script, the profile file, the script's args, the log.
-    ``launcher`` runs the script (e.g. a torchrun command line for a job over several GPUs)."""
-    return " ".join([launcher, script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
+    ``launcher`` runs the script (e.g. a torchrun command line for a job over several GPUs).
+    ``gpus``: a GPU stage's GPU count (its rule asks for as many as the ``gpu`` resource); it runs
+    on that many GPUs that no other job holds (experiments/claim_gpus.py). The count, not the
+    resource: Snakemake lowers a job's resource to the global bound (one GPU by default), while
+    a run over several GPUs needs them all."""
+    claim = [f"python experiments/claim_gpus.py {gpus} --"] if gpus is not None else []
+    return " ".join([*claim, launcher, script, "--config", shlex.quote(CONFIG_FILE), *args, "> {log} 2>&1"])
 
 
 def none_committed(paths):

@@ -15,11 +15,13 @@ rule eval:
     params:
         checkpoint=f"runs/{PROFILE}/{RUN}/hf",
         eval=config["eval"],
+    resources:
+        gpu=1,
     log:
         log_path("eval", RUN),
     shell:
         # --no-table: the per-folder table is written once by eval_table, not raced by parallel jobs.
-        script_cmd("{input.script}", "--checkpoint {params.checkpoint} --out {output} --no-table")
+        script_cmd("{input.script}", "--checkpoint {params.checkpoint} --out {output} --no-table", gpus=1)
 
 
 rule eval_table:

@@ -14,7 +14,9 @@ rule layer_bench:
         layer_bench=config["layer_bench"],
     # Every local core: nothing else runs beside a timed benchmark (Slurm: set-threads).
     threads: workflow.cores
+    resources:
+        gpu=1,
     log:
         log_path("layer_bench"),
     shell:
-        script_cmd("{input.script}", "--out {output}")
+        script_cmd("{input.script}", "--out {output}", gpus=1)

@@ -10,7 +10,9 @@ rule memory:
         results_path("memory", "memory"),
     params:
         memory=config["memory"],
+    resources:
+        gpu=1,
     log:
         log_path("memory"),
     shell:
-        script_cmd("{input.script}", "--out {output}")
+        script_cmd("{input.script}", "--out {output}", gpus=1)

@@ -15,7 +15,9 @@ rule microbench:
         microbench=config["microbench"],
     # Every local core: nothing else runs beside a timed benchmark (Slurm: set-threads).
     threads: workflow.cores
+    resources:
+        gpu=1,
     log:
         log_path("microbench"),
     shell:
-        script_cmd("{input.script}", "--out {output}")
+        script_cmd("{input.script}", "--out {output}", gpus=1)

@@ -13,10 +13,12 @@ rule patterns:
     params:
         patterns=config["patterns"],
         train=TRAIN_SETTINGS,
+    resources:
+        gpu=1,
     log:
         log_path("patterns"),
     shell:
-        script_cmd("{input.script}", f"--data {CORPUS_DIR} --out {{output}}")
+        script_cmd("{input.script}", f"--data {CORPUS_DIR} --out {{output}}", gpus=1)
 
 
 rule pattern_tables:

@@ -38,6 +38,8 @@ rule pretrain:
     params:
         run=f"runs/{PROFILE}/{RUN}",
         train=lambda wildcards: run_settings(TRAIN_SETTINGS, wildcards.recipe),
+    resources:
+        gpu=1,
     log:
         log_path("pretrain", RUN),
     shell:
@@ -45,4 +47,5 @@ rule pretrain:
             "{input.script}",
             "--model {wildcards.model} --recipe {wildcards.recipe} --seed {wildcards.seed}",
             f"--data {CORPUS_DIR} --out {{params.run}} --results {{output.results}} --no-progress",
+            gpus=1,
         )

@@ -18,6 +18,8 @@ rule strategies:
         results_path("strategies", RUN),
     params:
         train=lambda wildcards: run_settings(TRAIN_SETTINGS, wildcards.recipe),
+    resources:
+        gpu=1,
     log:
         log_path("strategies", RUN),
     shell:
@@ -25,4 +27,5 @@ rule strategies:
             "{input.script}",
             "--model {wildcards.model} --recipe {wildcards.recipe} --seed {wildcards.seed}",
             f"--data {CORPUS_DIR} --out {{output}}",
+            gpus=1,
         )

@@ -56,6 +56,7 @@ rule throughput:
         results_path("throughput", "{name}"),
     params:
         launcher=lambda wildcards: THROUGHPUT_LAUNCHER[wildcards.name],
+        gpus=lambda wildcards: THROUGHPUT_RUNS[wildcards.name]["world_size"],
         args=lambda wildcards: THROUGHPUT_ARGS[wildcards.name],
         train=THROUGHPUT_TRAIN_SETTINGS,
     # Every local core: nothing else runs beside a timed run (Slurm: set-threads).
@@ -67,7 +68,8 @@ rule throughput:
     log:
         log_path("throughput", "{name}"),
     shell:
-        script_cmd("{input.script}", "{params.args} --results {output}", launcher="{params.launcher}")
+        script_cmd("{input.script}", "{params.args} --results {output}", launcher="{params.launcher}",
+                   gpus="{params.gpus}")
 
 
 rule throughput_multi_gpu:

@@ -32,7 +32,8 @@ WORKFLOW_FILES = ("Snakefile", "rules", "config", "profiles", "experiments", "pa
 PROFILES = ("smoke", "gpu")
 STAGE_RULES = ("corpus", "microbench", "layer_bench", "memory", "patterns", "pretrain", "throughput", "eval",
                "strategies")
-GPU_RULES = ("microbench", "layer_bench", "memory", "patterns", "pretrain", "eval")
+GPU_RULES = ("microbench", "layer_bench", "memory", "patterns", "pretrain", "eval", "strategies")
+CLAIM = "python experiments/claim_gpus.py {} -- "  # how a GPU stage's command starts
 # The one lint left on purpose: software comes from setup.sh's virtual environment (README), not
 # from a conda environment or container per rule.
 ACCEPTED_LINTS = ("Specify a conda environment or container for each rule.",)
@@ -129,7 +130,7 @@ def test_throughput_runs_call_torchrun_only_for_several_processes(workflow, name
         command = commands[f"results/throughput/{name}/{run['name']}.json"]
         n = run["world_size"]
         launcher = f"torchrun --standalone --nproc_per_node={n} " if n > 1 else "python "
-        assert command.startswith(launcher + "experiments/pretrain.py --config "), command
+        assert command.startswith(CLAIM.format(n) + launcher + "experiments/pretrain.py --config "), command
         assert ("torchrun" in command) == (n > 1)
         for arg in (f"--model {run['model']}", f"--recipe {','.join(run['recipes'])}", f"--steps {run['steps']}",
                     f"--untimed-steps {run['untimed_steps']}", f"--batch-size {run['batch_size']}",
@@ -141,6 +142,22 @@ def test_throughput_runs_call_torchrun_only_for_several_processes(workflow, name
         assert (f"--compile-mode {mode} " in command) if mode else ("--compile-mode" not in command), command
 
 
+@pytest.mark.parametrize("name", PROFILES)
+def test_gpu_stages_claim_their_gpus_and_only_they(workflow, name):
+    # Each GPU stage asks for GPUs (the gpu resource, which the default profile bounds at one in
+    # all) and runs on as many that no other job holds; no other stage claims any.
+    out = snakemake(workflow, "-n", "all", "--configfile", f"config/{name}.yaml")
+    assert out.returncode == 0, out.output[-3000:]
+    jobs = re.findall(r"^rule (\w+):\n(.*?)^Shell command: ([^\n]+)$", out.output, re.M | re.S)
+    assert {rule for rule, _, _ in jobs} >= set(GPU_RULES) | {"corpus", "figure"}
+    for rule, block, command in jobs:
+        gpus = re.search(r"resources: .*\bgpu=(\d+)", block)
+        assert bool(gpus) == (rule in GPU_RULES + ("throughput",)), (rule, block)
+        assert command.startswith(CLAIM.format(gpus[1])) if gpus else "claim_gpus" not in command, command
+    default = yaml.safe_load((ROOT / "profiles" / "default" / "config.yaml").read_text())
+    assert default["resources"] == ["gpu=1"]
+
+
 def test_multi_gpu_throughput_runs_have_their_own_target_and_keep_nvlink_multicast_off(workflow):
     runs = profile("gpu")["throughput_multi_gpu"]
     out = snakemake(workflow, "-n", "throughput_multi_gpu", "--configfile", "config/gpu.yaml")
@@ -149,8 +166,8 @@ def test_multi_gpu_throughput_runs_have_their_own_target_and_keep_nvlink_multica
     assert sorted(commands) == sorted(f"results/throughput/gpu/{run['name']}.json" for run in runs)
     for run in runs:
         command = commands[f"results/throughput/gpu/{run['name']}.json"]
-        assert command.startswith("env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 "
-                                  f"torchrun --standalone --nproc_per_node={run['world_size']} "), command
+        assert command.startswith(CLAIM.format(run["world_size"]) + "env NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 "
+                                  f"NVSHMEM_DISABLE_NVLS=1 torchrun --standalone --nproc_per_node={run['world_size']} "), command
         assert ("--fsdp " in command) == bool(run.get("fsdp")), command
     assert any(run.get("fsdp") for run in runs) and any(not run.get("fsdp") for run in runs)
     # `all` (a one-GPU machine's run of the profile) asks for none of them.
@@ -174,7 +191,9 @@ def test_slurm_profile_gives_every_gpu_stage_one_gpu(workflow):
     text = out.output
     for rule in GPU_RULES:
         block = re.search(rf"^rule {rule}:\n(.*?)^\s*$", text, re.M | re.S)
-        assert block and "gres=gpu:1" in block[1], f"rule {rule} has no GPU in the Slurm profile"
+        # The rule's gpu resource is the plugin's --gpus; a gres beside it the plugin refuses.
+        assert block and re.search(r"\bgpu=1\b", block[1]) and "gres=" not in block[1], f"rule {rule}: {block}"
+        assert "slurm_partition=gpu" in block[1], f"rule {rule} is not sent to the GPU partition"
     corpus = re.search(r"^rule corpus:\n(.*?)^\s*$", text, re.M | re.S)
     assert "gres" not in corpus[1]
     # A throughput run asks for its world_size in GPUs (the rule's gpu resource, --gpus=N).
