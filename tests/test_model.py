@@ -4,9 +4,11 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
+import adahop.harness.model as model_mod
 from adahop.harness.model import (
     MX_BLOCK,
     NOMINAL_PARAMS,
@@ -162,6 +164,47 @@ def test_loss_is_next_token_cross_entropy():
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids.reshape(-1))
     torch.testing.assert_close(loss, expected)
     assert model(ids)[1] is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunked_cross_entropy_is_f_cross_entropy(dtype, monkeypatch):
+    # 8 rows a chunk over 21 rows: two whole chunks and a partial one; two targets ignored.
+    monkeypatch.setattr(model_mod, "CHUNK_BYTES", 8 * 4 * 50)
+    g = torch.Generator().manual_seed(0)
+    logits = (3 * torch.randn(21, 50, generator=g)).to(dtype)
+    targets = torch.randint(0, 50, (21,), generator=g)
+    targets[[4, 17]] = model_mod.IGNORE_INDEX
+    a, b = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    got, want = model_mod.cross_entropy_chunked(a, targets), F.cross_entropy(b.float(), targets)
+    (2.5 * got).backward()
+    (2.5 * want).backward()
+    assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert a.grad.dtype == dtype and torch.allclose(a.grad.float(), b.grad.float(), rtol=1e-2 if dtype is torch.bfloat16 else 1e-5, atol=1e-7)
+    assert (a.grad[[4, 17]] == 0).all()
+    every = torch.full((21,), model_mod.IGNORE_INDEX)  # nothing to average: NaN, as F.cross_entropy gives
+    assert model_mod.cross_entropy_chunked(logits, every).isnan() and F.cross_entropy(logits.float(), every).isnan()
+
+
+def test_chunked_cross_entropy_keeps_the_logits_and_a_float_a_row_for_the_backward():
+    logits = torch.randn(64, 1000, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 1000, (64,))
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        model_mod.cross_entropy_chunked(logits, targets)
+    extra = sum(t.numel() * t.element_size() for t in saved if t.data_ptr() != logits.data_ptr())
+    assert extra <= 64 * (4 + 8 + 1) + 8, extra  # log-sum-exp, targets, mask, count
+    saved.clear()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        F.cross_entropy(logits.float(), targets)  # the whole-tensor form: an fp32 log-softmax
+    assert sum(t.numel() * t.element_size() for t in saved) >= 64 * 1000 * 4
+
+
+def test_eager_and_compiled_losses_agree():
+    model = tiny()
+    ids = torch.randint(0, VOCAB, (2, 16))
+    eager = model(ids, ids)[1]
+    compiled = torch.compile(model, backend="aot_eager")(ids, ids)[1]
+    assert torch.allclose(eager, compiled, rtol=1e-6)
 
 
 def test_bf16_autocast_forward_runs_and_is_close():
