@@ -279,58 +279,60 @@ class Llama(nn.Module):
         logits = self.lm_head(self.model.norm(x))
         if targets is None:
             return logits, None
-        flat, flat_targets = logits.view(-1, logits.shape[-1]), targets.reshape(-1)
-        if torch.compiler.is_compiling():
-            # Inductor fuses the upcast, the log-softmax and its gradient.
-            loss = F.cross_entropy(flat.float(), flat_targets)
-        else:
-            loss = cross_entropy_chunked(flat, flat_targets)
+        loss = cross_entropy_chunked(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
 
 
 class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int) -> torch.Tensor:
-        n = logits.shape[0]
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int | None) -> torch.Tensor:
         valid = targets != IGNORE_INDEX
-        picked_targets = torch.where(valid, targets, 0)
-        lse = torch.empty(n, dtype=torch.float32, device=logits.device)
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
-        for i in range(0, n, rows):
-            part = logits[i:i + rows].float()
-            lse[i:i + rows] = torch.logsumexp(part, dim=-1)
-            nll = lse[i:i + rows] - part.gather(1, picked_targets[i:i + rows, None]).squeeze(1)
-            total += torch.where(valid[i:i + rows], nll, 0.0).sum()
+        targets = torch.where(valid, targets, 0)
+        lse, picked = [], []
+        for part in _row_chunks(logits.shape[0], rows):
+            x = logits[part].float()
+            lse.append(torch.logsumexp(x, dim=-1))
+            picked.append(x.gather(1, targets[part, None]).squeeze(1))
+        lse = torch.cat(lse)
+        # One sum over every row, however many chunks: the same bits as a single chunk.
         count = valid.sum()
-        ctx.save_for_backward(logits, picked_targets, valid, lse, count)
+        ctx.save_for_backward(logits, targets, valid, lse, count)
         ctx.rows = rows
-        return total / count
+        return torch.where(valid, lse - torch.cat(picked), 0.0).sum() / count
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, targets, valid, lse, count = ctx.saved_tensors
+        weight = torch.where(valid, grad / count, 0.0)  # a row's share of the mean; 0 where ignored
+        cols = torch.arange(logits.shape[1], device=logits.device)
         out = torch.empty_like(logits)
-        scale = grad / count
-        for i in range(0, logits.shape[0], ctx.rows):
-            # (softmax - one-hot) · grad / count, rows of ignored targets 0: F.cross_entropy's gradient.
-            p = torch.exp(logits[i:i + ctx.rows].float() - lse[i:i + ctx.rows, None])
-            p.scatter_add_(1, targets[i:i + ctx.rows, None], torch.full_like(p[:, :1], -1.0))
-            out[i:i + ctx.rows] = (p * torch.where(valid[i:i + ctx.rows, None], scale, 0.0)).to(out.dtype)
+        for part in _row_chunks(logits.shape[0], ctx.rows):
+            # (softmax - one-hot) · weight, elementwise: F.cross_entropy's gradient, which a
+            # compiled graph fuses into one pass.
+            onehot = cols[None, :] == targets[part, None]
+            out[part] = ((torch.exp(logits[part].float() - lse[part, None]) - onehot.float())
+                         * weight[part, None]).to(out.dtype)
         return out, None, None
 
 
+def _row_chunks(n: int, rows: int | None) -> list[slice]:
+    return [slice(None)] if rows is None else [slice(i, i + rows) for i in range(0, n, rows)]
+
+
 IGNORE_INDEX = -100  # F.cross_entropy's default: such targets count neither in the loss nor the mean
-CHUNK_BYTES = 1 << 28
+CHUNK_BYTES = 1 << 28  # fp32 temporaries of this size at most in eager mode
 
 
 def cross_entropy_chunked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """``F.cross_entropy(logits.float(), targets)`` (mean, :data:`IGNORE_INDEX` ignored) for
-    ``logits (N, V)`` of any float dtype, computed in fp32 a few rows at a time: what it keeps for
-    the backward is ``logits`` itself and one fp32 log-sum-exp a row, where the whole-tensor form
-    keeps an fp32 log-softmax (4·N·V bytes: 8.6 GB at 65k tokens of a 32k vocabulary) and makes
-    an fp32 copy of the logits and of their gradient. The model uses it in eager mode (a
-    calibrating recipe's first steps among them); compiled, Inductor fuses the whole-tensor form."""
-    rows = max(1, CHUNK_BYTES // (4 * logits.shape[-1]))
+    ``logits (N, V)`` of any float dtype, in fp32, keeping for the backward only ``logits``
+    itself and one fp32 log-sum-exp a row. The whole-tensor form keeps an fp32 log-softmax
+    (4·N·V bytes: 8.6 GB at 65k tokens of a 32k vocabulary) and, eagerly, makes fp32 copies of
+    the logits and of their gradient. Eagerly (a calibrating recipe's first steps among others)
+    this runs a few rows at a time; traced by torch.compile, in one piece for Inductor to fuse.
+    Chunks split rows, never a row's reduction: untraced and traced without fusion
+    (``aot_eager``), the loss and gradients are the same bits (tests/test_compile.py)."""
+    rows = None if torch.compiler.is_compiling() else max(1, CHUNK_BYTES // (4 * logits.shape[-1]))
     return _ChunkedCrossEntropy.apply(logits, targets, rows)
 
 
