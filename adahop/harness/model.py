@@ -303,15 +303,17 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         logits, targets, valid, lse, count = ctx.saved_tensors
-        weight = torch.where(valid, grad / count, 0.0)  # a row's share of the mean; 0 where ignored
-        cols = torch.arange(logits.shape[1], device=logits.device)
+        # (softmax - one-hot) · a row's share of the mean (0 where ignored): F.cross_entropy's gradient.
+        weight = torch.where(valid, grad / count, 0.0)[:, None]
+        if ctx.rows is None:  # traced: elementwise throughout, for Inductor to fuse into one pass
+            onehot = torch.arange(logits.shape[1], device=logits.device)[None, :] == targets[:, None]
+            return ((torch.exp(logits.float() - lse[:, None]) - onehot.float()) * weight).to(logits.dtype), None, None
         out = torch.empty_like(logits)
         for part in _row_chunks(logits.shape[0], ctx.rows):
-            # (softmax - one-hot) · weight, elementwise: F.cross_entropy's gradient, which a
-            # compiled graph fuses into one pass.
-            onehot = cols[None, :] == targets[part, None]
-            out[part] = ((torch.exp(logits[part].float() - lse[part, None]) - onehot.float())
-                         * weight[part, None]).to(out.dtype)
+            # In place: one fp32 temporary a chunk, and the same bits as the traced form.
+            p = logits[part].float().sub_(lse[part, None]).exp_()
+            p.scatter_add_(1, targets[part, None], torch.full((p.shape[0], 1), -1.0, device=p.device))
+            out[part] = p.mul_(weight[part])
         return out, None, None
 
 
