@@ -1,6 +1,7 @@
 """adahop.harness.model: HF Llama parity, export/load round trip, named sizes, FLOPs formula, input checks."""
 
 import json
+import re
 
 import pytest
 import torch
@@ -197,6 +198,25 @@ def test_chunked_cross_entropy_keeps_the_logits_and_a_float_a_row_for_the_backwa
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         F.cross_entropy(logits.float(), targets)  # the whole-tensor form: an fp32 log-softmax
     assert sum(t.numel() * t.element_size() for t in saved) >= 64 * 1000 * 4
+
+
+def test_compiled_loss_makes_no_fp32_copy_of_the_logits():
+    # Inductor fuses the traced form: its buffers as large as the logits are the bf16 gradient only.
+    from torch._inductor.utils import run_and_get_code
+
+    logits = torch.randn(64, 1024, dtype=torch.bfloat16, requires_grad=True)
+    targets = torch.randint(0, 1024, (64,))
+
+    def step(x):
+        loss = model_mod.cross_entropy_chunked(x, targets)
+        loss.backward()
+        return loss
+
+    torch._dynamo.reset()
+    _, codes = run_and_get_code(torch.compile(step), logits)
+    big = [b for code in codes for b in re.findall(r"empty_strided_\w+\(\((\d+), (\d+)\), \([^)]*\), torch\.(\w+)\)", code)
+           if b[:2] == ("64", "1024")]
+    assert big == [("64", "1024", "bfloat16")], big
 
 
 def test_eager_and_compiled_losses_agree():
