@@ -103,3 +103,16 @@ def test_hash_ops_ab_refuses_bad_arguments(argv, match, capsys):
     with pytest.raises(SystemExit):
         load("hash_ops_ab").main(argv)
     assert match in capsys.readouterr().err
+
+
+def test_sass_count_steps_are_tuned_configs_of_the_autotuner():
+    sass_count = load("sass_count")
+    import adahop_kernels.hadamard_quantize as hq
+
+    configs = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps, c.maxnreg) for c in hq._GPU_CONFIGS}
+    for name, (flags, tuned) in sass_count.STEPS.items():
+        listed = sass_count.step_configs(flags, tuned)
+        assert listed[0] == tuned and tuned in configs, name
+        assert len(set(listed)) == len(listed) and set(listed) <= configs
+        # tile128 (W) needs 128-row tiles: no config below that is listed for it.
+        assert name != "W" or all(bm % 128 == 0 and bk % 128 == 0 for bm, bk, _, _ in listed)
