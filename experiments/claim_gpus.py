@@ -110,6 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             for _, fd in held:
                 os.set_inheritable(fd, True)
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(uuid for uuid, _ in held)
+            print(f"claim_gpus: CUDA_VISIBLE_DEVICES={os.environ['CUDA_VISIBLE_DEVICES']}", file=sys.stderr, flush=True)
     os.execvp(args.command[0], args.command)
 
 

@@ -85,8 +85,10 @@ def test_concurrent_jobs_get_different_gpus_and_a_finished_job_frees_its_own(mac
         assert run(machine, *PRINT_GPUS).stdout.strip() == "GPU-cccc"
     finally:
         holder.communicate("\n", timeout=60)
-    # The locks went with the process that held them.
-    assert run(machine, *PRINT_GPUS, count=3).stdout.strip() == ",".join(GPUS)
+    # The locks went with the process that held them; the job's log says which GPUs it ran on.
+    out = run(machine, *PRINT_GPUS, count=3)
+    assert out.stdout.strip() == ",".join(GPUS)
+    assert f"claim_gpus: CUDA_VISIBLE_DEVICES={','.join(GPUS)}" in out.stderr
 
 
 def test_the_command_replaces_the_launcher(machine):
