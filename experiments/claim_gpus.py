@@ -51,7 +51,12 @@ def try_claim(gpus: list[str], count: int, lock_dir: str) -> list[tuple[str, int
     held = []
     for uuid in gpus:
         # Read-only: flock needs no write access, so a lock file another user made still serves.
-        fd = os.open(lock_path(lock_dir, uuid), os.O_RDONLY | os.O_CREAT, 0o666)
+        path = lock_path(lock_dir, uuid)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+        except OSError as e:
+            raise OSError(f"cannot open the GPU lock file {path} ({e.strerror}): set ADAHOP_GPU_LOCK_DIR to a "
+                          "folder every user of the machine can write, or ADAHOP_GPU_LOCKS=0") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -104,8 +109,9 @@ def main(argv: list[str] | None = None) -> None:
         if gpus:
             lock_dir = os.environ.get("ADAHOP_GPU_LOCK_DIR") or tempfile.gettempdir()
             try:
+                os.makedirs(lock_dir, exist_ok=True)
                 held = claim(args.count, gpus, lock_dir)
-            except ValueError as e:
+            except (ValueError, OSError) as e:
                 sys.exit(f"claim_gpus: {e}")
             for _, fd in held:
                 os.set_inheritable(fd, True)

@@ -118,3 +118,14 @@ def test_bad_arguments_are_refused(argv, match, capsys):
     with pytest.raises(SystemExit):
         claim_gpus.parse_args(argv)
     assert match in capsys.readouterr().err
+
+
+def test_a_lock_folder_is_made_and_an_unusable_one_is_named(machine, tmp_path):
+    fresh = tmp_path / "new" / "locks"
+    assert run({**machine, "ADAHOP_GPU_LOCK_DIR": str(fresh)}, *PRINT_GPUS).stdout.strip() == GPUS[0]
+    assert fresh.is_dir()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    out = run({**machine, "ADAHOP_GPU_LOCK_DIR": str(blocked / "locks")}, *PRINT_GPUS)
+    assert out.returncode != 0 and str(blocked / "locks") in out.stderr, out.stderr
+
