@@ -182,6 +182,7 @@ def test_chunked_cross_entropy_is_f_cross_entropy(dtype, monkeypatch):
     assert torch.allclose(got, want, rtol=1e-6, atol=1e-6)
     assert a.grad.dtype == dtype and torch.allclose(a.grad.float(), b.grad.float(), rtol=1e-2 if dtype is torch.bfloat16 else 1e-5, atol=1e-7)
     assert (a.grad[[4, 17]] == 0).all()
+    assert torch.equal(a.detach(), logits)  # the backward leaves the logits as they were
     every = torch.full((21,), model_mod.IGNORE_INDEX)  # nothing to average: NaN, as F.cross_entropy gives
     assert model_mod.cross_entropy_chunked(logits, every).isnan() and F.cross_entropy(logits.float(), every).isnan()
 

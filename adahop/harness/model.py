@@ -310,8 +310,9 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             return ((torch.exp(logits.float() - lse[:, None]) - onehot.float()) * weight).to(logits.dtype), None, None
         out = torch.empty_like(logits)
         for part in _row_chunks(logits.shape[0], ctx.rows):
-            # In place: one fp32 temporary a chunk, and the same bits as the traced form.
-            p = logits[part].float().sub_(lse[part, None]).exp_()
+            # In place on a copy (fp32 logits' .float() is the logits themselves): one fp32
+            # temporary a chunk, and the same bits as the traced form.
+            p = logits[part].to(torch.float32, copy=True).sub_(lse[part, None]).exp_()
             p.scatter_add_(1, targets[part, None], torch.full((p.shape[0], 1), -1.0, device=p.device))
             out[part] = p.mul_(weight[part])
         return out, None, None
