@@ -72,10 +72,11 @@ programs walking tiles with the next load in flight (0.46-0.82x the best config;
 half the rate, ``kernels-multitile``). The rare paths moved to a second launch with the configs of
 the time measured 0.34-1.07x (``quantize-ab-fixup-launch``, an H200); the split that stays (the
 redo kernel of the marked squares) with register caps retuned for it sped the steps 1.20-1.56x on
-an H100, the same bytes out (``results/microbench/gpu/quantize-ab.json``; DESIGN §6). The tricks that stay: the rounding by one add of a binade-sized
-magic number, a float block max that keeps NaN, eight codes a 32-bit word with the "-0" nibbles
-cleared by a SWAR mask, E4M3 bytes from the GPU's conversion, and H's columns permuted so each MMA
-lane holds consecutive outputs (no data moves before the packing).
+an H100, the same bytes out (``results/microbench/gpu/quantize-ab.json``; DESIGN §6). The tricks
+that stay: the rounding by one add of a binade-sized magic number, a float block max that keeps
+NaN, eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, E4M3 bytes from the
+GPU's conversion, and H's columns permuted so each MMA lane holds consecutive outputs (no data
+moves before the packing).
 """
 
 from __future__ import annotations

@@ -283,6 +283,14 @@ class Llama(nn.Module):
         return logits, loss
 
 
+def _row_chunks(n: int, rows: int | None) -> list[slice]:
+    return [slice(None)] if rows is None else [slice(i, i + rows) for i in range(0, n, rows)]
+
+
+IGNORE_INDEX = -100  # F.cross_entropy's default: such targets count neither in the loss nor the mean
+CHUNK_BYTES = 1 << 28  # fp32 temporaries of this size at most in eager mode
+
+
 class _ChunkedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, rows: int | None) -> torch.Tensor:
@@ -316,14 +324,6 @@ class _ChunkedCrossEntropy(torch.autograd.Function):
             p.scatter_add_(1, targets[part, None], torch.full((p.shape[0], 1), -1.0, device=p.device))
             out[part] = p.mul_(weight[part])
         return out, None, None
-
-
-def _row_chunks(n: int, rows: int | None) -> list[slice]:
-    return [slice(None)] if rows is None else [slice(i, i + rows) for i in range(0, n, rows)]
-
-
-IGNORE_INDEX = -100  # F.cross_entropy's default: such targets count neither in the loss nor the mean
-CHUNK_BYTES = 1 << 28  # fp32 temporaries of this size at most in eager mode
 
 
 def cross_entropy_chunked(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
