@@ -151,9 +151,17 @@ def _uniform_blocks(seed, rows, cblk, NB: tl.constexpr):
     r0, r1, r2, r3 = _pcg4d(calls.to(tl.uint32), tl.broadcast_to(rows.to(tl.uint32)[:, None], (NB, 4)),
                             tl.full((NB, 4), 0, tl.uint32) + (seed & 0xFFFFFFFF).to(tl.uint32),
                             tl.full((NB, 4), 0, tl.uint32) + (seed >> 32).to(tl.uint32))
-    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 16)).to(tl.int32, bitcast=True)
-    lo = ((w << 7) & 0x7FFF80) | 0x3F800000
-    hi = ((w >> 9) & 0x7FFF80) | 0x3F800000
+    w = tl.reshape(tl.join(tl.join(r0, r1), tl.join(r2, r3)), (NB, 16))
+    if _GPU_ONLY:
+        # Two instructions a draw (the 16 bits, then a multiply-add), where the compiler's own
+        # shift-and-masks took three.
+        lo = tl.inline_asm_elementwise("{ .reg .b32 t; and.b32 t, $1, 65535; mad.lo.u32 $0, t, 128, 1065353216; }",
+                                       "=r,r", [w], dtype=tl.uint32, is_pure=True, pack=1)
+        hi = tl.inline_asm_elementwise("{ .reg .b32 t; shr.u32 t, $1, 16; mad.lo.u32 $0, t, 128, 1065353216; }",
+                                       "=r,r", [w], dtype=tl.uint32, is_pure=True, pack=1)
+    else:
+        lo = ((w & 0xFFFF) << 7) | 0x3F800000
+        hi = ((w >> 16) << 7) | 0x3F800000
     return tl.reshape(tl.join(lo, hi), (NB, 32)).to(tl.float32, bitcast=True)
 
 
@@ -221,6 +229,16 @@ def _block_max_bits(s):
     if _GPU_ONLY:
         return tl.reduce(tl.abs(s), 1, _max_nan).to(tl.int32, bitcast=True)
     return tl.max(s.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=1)
+
+
+@triton.jit
+def _pow2(e, SAFE: tl.constexpr):
+    """fp32 ``2**e``: :func:`exp2_int` (subnormals too) where ``SAFE``; else ``e`` must lie in
+    [-126, 127], and the pattern is one integer multiply-add, where exp2_int takes about seven
+    instructions a block."""
+    if SAFE:
+        return exp2_int(e)
+    return (e * 0x00800000 + 0x3F800000).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -312,10 +330,12 @@ def _quantize_store(
     bad = amax_bits > 0x7F7FFFFF
     # floor(log2 amax) - 2 from the exponent field; zero/subnormal amax clamps to byte 0.
     scale = tl.minimum(tl.maximum((amax_bits >> 23) - 2, 0), 254)
+    # 2^(127 - scale) is normal but for bad blocks (scale 253 and 254: infinite amax), which the fast
+    # variant leaves to the safe one; the safe one's pre-scaled blocks may need 2^135.
     if SR:
         # Saturation would bias SR: a block whose scaled amax exceeds 6 takes the next scale.
-        scale += (amax * exp2_int(127 - scale + pexp) > 6.0).to(tl.int32)
-    inv_scale = exp2_int(127 - scale + pexp)
+        scale += (amax * _pow2(127 - scale + pexp, SAFE) > 6.0).to(tl.int32)
+    inv_scale = _pow2(127 - scale + pexp, SAFE)
     # q = s / √HS / 2^e, signed (rounding is symmetric, so |q| is what the reference rounds).
     if HADAMARD:
         # (c_hi + c_lo) 2^-e is exact and the fma keeps ~48 bits: one rounding of s / √HS / 2^e.
@@ -335,17 +355,17 @@ def _quantize_store(
         # Adding 1.5 · 2^23 · step rounds to a multiple of step, ties to even, for either sign
         # (0x0B400000 adds 22 to the exponent, and 0.5 to the significand).
         magic = tl.maximum(q_exp + 0x0B400000, 0x3F800000 + 0x0B400000)
-        e_bits = magic - 0x0B400000
 
     if PACKED:
         # The code: steps kept, plus the binade's first code (2^0, 2^1, 2^2 start at 0, 2, 4); 7 is
         # 6.0 (saturation). The sign bit goes on every code here; a "-0" is cleared per word below.
         if SR:
-            n = fl.to(tl.int32) - 1
+            code = fl.to(tl.int32) - 1 + (e_bits >> 22) - 254
         else:
-            # The integer difference of the bit patterns is the number of steps.
-            n = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic
-        code = tl.minimum(n + (e_bits >> 22) - 254, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
+            # The integer difference of the bit patterns is the number of steps; the binade's exponent
+            # is magic's less 45 (0x0B400000 = 45 << 22).
+            code = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (magic >> 22) - 299
+        code = tl.minimum(code, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
         # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
         lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
         w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
@@ -373,14 +393,23 @@ def _quantize_store(
             e = tl.where(bad, -127, e)
         r = group_max(tl.reshape(e, (BR, SB)), BR, SB, GR, 4)  # (BR // GR, BC // 128)
         t_off = e - tl.reshape(group_broadcast(r, BR, SB, GR, 4), (NB,)) + 14  # 2^(t_off - 8) = 2^(e - R + 6)
+        # 2^(t_off - 8), clamped at 2^-40, below which every product (|v| ≤ 6) rounds to a signed
+        # E4M3 zero: so the power of two is a normal number.
+        p_exp = tl.maximum(t_off - 8, -40)
         if SR:
-            # (fl - 1) · step with q's sign: +0 where no step is kept (x - x is +0), as a code "-0" is.
-            step = ((e_bits - 0x00800000) | (s.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True)
+            # (fl - 1) · step · 2^(t_off - 8) with q's sign, the power of two in step's exponent (step ≥
+            # 2^-1: still normal): +0 where no step is kept (x - x is +0), as a code "-0" is.
+            step_bits = e_bits + ((p_exp - 1) << 23)[:, None]
+            if _GPU_ONLY:  # one LOP3 for the sign's and-or, where the compiler emitted two
+                step = tl.inline_asm_elementwise("lop3.b32 $0, $1, 0x80000000, $2, 0xEA;", "=r,r,r",
+                                                 [s.to(tl.int32, bitcast=True), step_bits], dtype=tl.int32,
+                                                 is_pure=True, pack=1).to(tl.float32, bitcast=True)
+            else:
+                step = (step_bits | (s.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True)
             v = fl * step - step
         else:
             mf = magic.to(tl.float32, bitcast=True)
-            v = tl.minimum(tl.maximum((q + mf) - mf, -6.0), 6.0)
-        v = v * exp2_int(t_off - 8)[:, None]
+            v = tl.minimum(tl.maximum((q + mf) - mf, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
         # Blocks more than 14 binades below R (an all-zero block is one) lie below E4M3's subnormal
         # step 2^-9. The GPU's conversion rounds them to it, ties to even, as the reference does; the
         # interpreter's does not round, so there they are rounded here first.
@@ -404,7 +433,9 @@ def _quantize_store(
                      mask=(gr < n_rows // 128)[:, None] & (g < n_cols // 128)[None, :])
     if not SAFE:
         # Rare: one int atomic a bad block; the flags start at 0.
-        tl.atomic_max(flag_ptr + (rows // REGION) * flag_stride_r + (cblk // (REGION // 32)) * flag_stride_c, 1,
+        # int32 indices: the marks are (n_rows / 128) × (n_cols / 128), far below 2^31.
+        rows32 = row0 + b // SB
+        tl.atomic_max(flag_ptr + (rows32 // REGION) * flag_stride_r + (cblk // (REGION // 32)) * flag_stride_c, 1,
                       mask=bad & ok, sem="relaxed")
 
 
