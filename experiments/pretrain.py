@@ -133,6 +133,10 @@ class StopOnSignal:
         must not kill it before it exits with its status."""
         if self.first_at is None:
             signal.signal(signal.SIGTERM, self.previous)
+        self.release()
+
+    def release(self) -> None:
+        """Let the watched trainer go (a signal until the next :meth:`watch` stops nothing)."""
         self.trainer = None
 
 
@@ -355,6 +359,9 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         snapshot = args.memory_snapshot is not None and info.is_main
         if snapshot:
             torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES, stacks="python")
+        # CUDA: what this process held before the recipe's trainer was built (~0: nothing left
+        # of an earlier recipe); None on a CPU
+        held_before = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
         t_untimed = time.perf_counter()
         trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
         untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
@@ -408,6 +415,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             # replays allocate nothing), and what the timed steps started from; None on a CPU
             "peak_allocated_gib": max(r["peak_allocated_gib"] for r in history) if device.type == "cuda" else None,
             "memory_at_start": memory_at_start,
+            "allocated_before_gib": held_before,
             # CUDA: the reserved bytes as tensors and cache, per pool, at the same point
             "allocator_at_start": allocator_at_start,
             "untimed_peak_allocated_gib": untimed_peak,
@@ -423,10 +431,14 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB{busy_text}")
             # After each recipe: a run cut short keeps what it measured.
             write_results(args.results, records, config=file_config, seed=cfg.seed, device=device)
+        # The next recipe starts from nothing of this one's: its trainer (weights, gradients,
+        # optimizer state: 47 GB at 3b), its compiled graphs and, under CUDA graphs, the graphs'
+        # memory pool (which would otherwise stay reserved and count in the next recipe's peak; it
+        # is freed only with the graphs). The signal handler's reference goes first, and the
+        # collection runs after the last reference is gone, so a reference cycle through the
+        # trainer cannot carry it into the next recipe's steps.
+        stop.release()
         del trainer, batches
-        # The next recipe starts from nothing of this one's: its compiled graphs and, under CUDA
-        # graphs, the graphs' memory pool (which would otherwise stay reserved and count in the
-        # next recipe's peak; it is freed only with the graphs).
         torch.compiler.reset()
         gc.collect()
         if torch.cuda.is_available():

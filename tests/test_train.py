@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -412,6 +413,28 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
     assert [r["recipe"] for r in read_results(results)["records"]] == ["bf16", "mxfp4"]
     with pytest.raises(ResultsConflict):
         script.main([*args, "--recipe", "bf16"])
+
+
+def test_throughput_builds_each_recipe_after_the_last_is_freed(profile, tmp_path, monkeypatch):
+    # A recipe's trainer held into the next recipe (by the signal handler, or by a reference cycle
+    # that no collection has reached yet) stays beside it on the GPU: at 3b, 47 GB of state.
+    script = load_script()
+    real, built, alive_at_build = script.Trainer, [], []
+
+    def cyclic(*a, **k):
+        alive_at_build.append([ref() is not None for ref in built])
+        trainer = real(*a, **k)
+        trainer.self_reference = trainer  # a cycle: refcounting alone never frees it
+        built.append(weakref.ref(trainer))
+        return trainer
+
+    monkeypatch.setattr(script, "Trainer", cyclic)
+    script.main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "512",
+                 "--untimed-steps", "1", "--steps", "1", "--device", "cpu", "--no-progress",
+                 "--recipe", "bf16,mxfp4", "--results", str(tmp_path / "throughput.json")])
+    assert alive_at_build == [[], [False]]
+    records = read_results(tmp_path / "throughput.json")["records"]
+    assert [r["allocated_before_gib"] for r in records] == [None, None]  # CUDA only
 
 
 class Halves:
