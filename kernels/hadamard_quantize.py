@@ -72,7 +72,14 @@ programs walking tiles with the next load in flight (0.46-0.82x the best config;
 half the rate, ``kernels-multitile``). The rare paths moved to a second launch with the configs of
 the time measured 0.34-1.07x (``quantize-ab-fixup-launch``, an H200); the split that stays (the
 redo kernel of the marked squares) with register caps retuned for it sped the steps 1.20-1.56x on
-an H100, the same bytes out (``results/microbench/gpu/quantize-ab.json``; DESIGN §6). The tricks
+an H100, the same bytes out (``results/microbench/gpu/quantize-ab.json``; DESIGN §6). Fewer
+instructions a value since (powers of two by one integer multiply-add where the exponent is in
+the normal range, the E2M1 code from the rounding magic's exponent, SR's power of two folded into
+the step's exponent, the SR draws and sign by inline PTX; ``scripts/sass_count.py`` counts them)
+sped the SR step (dY) 1.09-1.13x on an H100 in the same process at 16384×8192, 16384×4096 and
+65536×768, with X and W at 0.99-1.03x (``quantize-ab-instr.json``,
+``quantize-ab-instr-rerun.json``); at 16384×2048, the shortest, the autotuner's picks differ from
+run to run (W 0.77x, then 2.07x). The tricks
 that stay: the rounding by one add of a binade-sized magic number, a float block max that keeps
 NaN, eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, E4M3 bytes from the
 GPU's conversion, and H's columns permuted so each MMA lane holds consecutive outputs (no data

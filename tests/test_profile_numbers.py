@@ -140,3 +140,23 @@ def test_design_and_docstring_quantize_ab_ratios_are_the_results_file():
     lo = min(lo for lo, _ in spans.values())
     hi = max(hi for _, hi in spans.values())
     assert f"{lo:.2f}-{hi:.2f}x" in prose(KERNEL), f"{KERNEL.name} does not say {lo:.2f}-{hi:.2f}x"
+
+
+def test_design_and_docstring_instruction_ab_ratios_are_the_results_files():
+    """The A/B of the kernel with fewer instructions a value, two runs: dY's speed ratio range at the
+    three longer shapes, X's and W's there, and the shortest shape's W ratios."""
+    recs = [r for name in ("quantize-ab-instr.json", "quantize-ab-instr-rerun.json")
+            for r in json.loads((ROOT / "results" / "microbench" / "gpu" / name).read_text())["records"]]
+    assert recs and all(r["same_bytes"] for r in recs)
+    short = [r for r in recs if r["shape"] == [16384, 2048]]
+    longer = [r for r in recs if r["shape"] != [16384, 2048]]
+    assert {tuple(r["shape"]) for r in longer} == {(16384, 8192), (16384, 4096), (65536, 768)}
+    dy = [r["ratio_to_peers"]["baseline"] for r in longer if r["test"].startswith("dY-backward-sr[")]
+    xw = [r["ratio_to_peers"]["baseline"] for r in longer if not r["test"].startswith("dY")]
+    w_short = ", then ".join(f"{r['ratio_to_peers']['baseline']:.2f}x" for r in short if r["test"].startswith("W["))
+    design = prose(DESIGN)
+    assert f"sped the SR step {min(dy):.2f}–{max(dy):.2f}× against" in design
+    assert f"left X and W at {min(xw):.2f}–{max(xw):.2f}×" in design
+    kernel = prose(KERNEL)
+    assert f"sped the SR step (dY) {min(dy):.2f}-{max(dy):.2f}x on an H100" in kernel
+    assert f"with X and W at {min(xw):.2f}-{max(xw):.2f}x" in kernel and f"(W {w_short})" in kernel
