@@ -332,6 +332,111 @@ def profile_steps(trainer: Trainer, path: Path) -> None:
     print(f"profile: -> {path}")
 
 
+def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: torch.device, vocab_size: int,
+                   stop: StopOnSignal, held_before: float | None) -> dict[str, Any]:
+    """Build ``recipe``'s trainer (watched by ``stop``), run its untimed, timed, busy and profiled
+    steps, and return its throughput record."""
+    base = resolve_config(args, recipe=recipe)
+    timed = base.steps
+    extra = PROFILE_STEPS if args.profile else 0
+    busy = args.busy_steps if device.type == "cuda" else 0
+    cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + busy + extra, eval_interval=0,
+                              checkpoint_interval=0, log_interval=1, max_tokens=None)
+    batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
+    caches = compile_cache_files()
+    snapshot = args.memory_snapshot is not None and info.is_main
+    if snapshot:
+        args.memory_snapshot.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES, stacks="python")
+    t_untimed = time.perf_counter()
+    trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
+    untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
+    untimed_s = time.perf_counter() - t_untimed
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(str(args.memory_snapshot / f"memory_{cfg.model}_{recipe}.pickle"))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
+    # first fixed step compiles), and the rest, building the model.
+    untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
+    # CUDA: each untimed step's tensor peak; under CUDA graphs the step that records them shows
+    # what the graphs' tensors took, against the pool the timed steps start with (memory_at_start).
+    untimed_peak = [r["peak_allocated_gib"] for r in untimed if "peak_allocated_gib" in r] or None
+    history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
+    # What the timed steps started from (the runs below set the trainer's own again).
+    memory_at_start, allocator_at_start = trainer.memory_at_start, trainer.allocator_at_start
+    gpu_busy = measure_busy(trainer, busy)
+    if args.profile and info.is_main:
+        profile_steps(trainer, args.profile / f"profile_{cfg.model}_{recipe}.txt")
+    elif args.profile:
+        trainer.run()
+    seconds = sum(trainer.tokens_per_step / r["tokens_per_s"] for r in history)
+    tps = len(history) * trainer.tokens_per_step / seconds
+    return {
+        "model": cfg.model,
+        "recipe": recipe,
+        # torchao for its float8 peers, None for adahop's own recipes
+        "peer": trainer.peer,
+        "params": trainer.model_config.num_params(),
+        "world_size": info.world_size,
+        "fsdp": cfg.fsdp,
+        "batch_size": cfg.batch_size,
+        "seq_len": cfg.seq_len,
+        "compile": cfg.compile,
+        "compile_mode": cfg.compile_mode if cfg.compile else None,
+        # wall time of building the model and its untimed steps (compilation, warm-up, calibration)
+        "untimed_s": untimed_s,
+        "untimed_step_s": untimed_step_s,
+        "build_s": untimed_s - sum(untimed_step_s),
+        # files in the compilers' caches when this recipe began: 0 for a cold start
+        "compile_cache_files": caches,
+        "timed_steps": len(history),
+        "step_time_s": seconds / len(history),
+        "tokens_per_s": tps,
+        "mfu": (trainer.flops_per_token * tps / (trainer.peak_flops * info.world_size)
+                if trainer.peak_flops else None),
+        "flops_per_token": trainer.flops_per_token,
+        "peak_mem_gib": max(r["peak_mem_gib"] for r in history),
+        # CUDA: the tensors' peak (under CUDA graphs those outside the graphs' pool, whose
+        # replays allocate nothing), and what the timed steps started from; None on a CPU
+        "peak_allocated_gib": max(r["peak_allocated_gib"] for r in history) if device.type == "cuda" else None,
+        "memory_at_start": memory_at_start,
+        "allocated_before_gib": held_before,
+        # CUDA: the reserved bytes as tensors and cache, per pool, at the same point
+        "allocator_at_start": allocator_at_start,
+        "untimed_peak_allocated_gib": untimed_peak,
+        # GPU-busy share of wall time (None on a CPU), from steps after the timed ones
+        "gpu_busy": gpu_busy,
+        "final_loss": history[-1]["loss"],
+        "config": dataclasses.asdict(cfg),
+    }
+
+
+def out_of_memory_record(args: argparse.Namespace, recipe: str, trainer: Trainer | None,
+                         err: torch.OutOfMemoryError, held_before: float | None) -> dict[str, Any]:
+    """The record of a recipe that ran out of GPU memory: where (building the model, or the
+    untimed or timed step it reached) and the allocator's message, in place of the figures."""
+    cfg = resolve_config(args, recipe=recipe)
+    if trainer is None:
+        failed_at = "while building the model"
+    else:
+        phase = "untimed" if trainer.step < args.untimed_steps else "timed or later"
+        failed_at = f"in step {trainer.step + 1} ({phase})"
+    return {"model": cfg.model, "recipe": recipe, "world_size": 1, "fsdp": cfg.fsdp, "batch_size": cfg.batch_size,
+            "seq_len": cfg.seq_len, "compile": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None,
+            "error": "out of memory", "failed_at": failed_at, "message": str(err).splitlines()[0][:400],
+            "allocated_before_gib": held_before, "config": dataclasses.asdict(cfg)}
+
+
+def summary(record: dict[str, Any]) -> str:
+    """One line for a throughput record: its figures, or where it ran out of memory."""
+    if "error" in record:
+        return f"{record['error']} {record['failed_at']}"
+    mfu = f"{record['mfu']:.1%}" if record["mfu"] is not None else "n/a"
+    busy = record["gpu_busy"]
+    busy_text = f", GPU busy {busy['busy_fraction']:.0%} of wall time" if busy else ""
+    return f"{record['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, peak {record['peak_mem_gib']:.1f} GiB{busy_text}"
+
+
 def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     info, device = init_distributed(args.device)
     if args.memory_snapshot is not None and device.type != "cuda":
@@ -348,89 +453,24 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     if info.is_main:
         check_replaceable(args.results, file_config)  # before measuring, not after the first recipe
     for recipe in recipes:
-        base = resolve_config(args, recipe=recipe)
-        timed = base.steps
-        extra = PROFILE_STEPS if args.profile else 0
-        busy = args.busy_steps if device.type == "cuda" else 0
-        cfg = dataclasses.replace(base, steps=args.untimed_steps + timed + busy + extra, eval_interval=0,
-                                  checkpoint_interval=0, log_interval=1, max_tokens=None)
-        batches = RandomTokenBatches(vocab_size, cfg.seq_len, cfg.batch_size, cfg.seed, info.rank)
-        caches = compile_cache_files()
-        snapshot = args.memory_snapshot is not None and info.is_main
-        if snapshot:
-            torch.cuda.memory._record_memory_history(max_entries=SNAPSHOT_ENTRIES, stacks="python")
         # CUDA: what this process held before the recipe's trainer was built (~0: nothing left
         # of an earlier recipe); None on a CPU
         held_before = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
-        t_untimed = time.perf_counter()
-        trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
-        untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
-        untimed_s = time.perf_counter() - t_untimed
-        if snapshot:
-            args.memory_snapshot.mkdir(parents=True, exist_ok=True)
-            torch.cuda.memory._dump_snapshot(str(args.memory_snapshot / f"memory_{cfg.model}_{recipe}.pickle"))
-            torch.cuda.memory._record_memory_history(enabled=None)
-        # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
-        # first fixed step compiles), and the rest, building the model.
-        untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
-        # CUDA: each untimed step's tensor peak; under CUDA graphs the step that records them shows
-        # what the graphs' tensors took, against the pool the timed steps start with (memory_at_start).
-        untimed_peak = [r["peak_allocated_gib"] for r in untimed if "peak_allocated_gib" in r] or None
-        history = trainer.run(until=args.untimed_steps + timed)[args.untimed_steps:]
-        # What the timed steps started from (the runs below set the trainer's own again).
-        memory_at_start, allocator_at_start = trainer.memory_at_start, trainer.allocator_at_start
-        gpu_busy = measure_busy(trainer, busy)
-        if args.profile and info.is_main:
-            profile_steps(trainer, args.profile / f"profile_{cfg.model}_{recipe}.txt")
-        elif args.profile:
-            trainer.run()
-        seconds = sum(trainer.tokens_per_step / r["tokens_per_s"] for r in history)
-        tps = len(history) * trainer.tokens_per_step / seconds
-        records.append({
-            "model": cfg.model,
-            "recipe": recipe,
-            # torchao for its float8 peers, None for adahop's own recipes
-            "peer": trainer.peer,
-            "params": trainer.model_config.num_params(),
-            "world_size": info.world_size,
-            "fsdp": cfg.fsdp,
-            "batch_size": cfg.batch_size,
-            "seq_len": cfg.seq_len,
-            "compile": cfg.compile,
-            "compile_mode": cfg.compile_mode if cfg.compile else None,
-            # wall time of building the model and its untimed steps (compilation, warm-up, calibration)
-            "untimed_s": untimed_s,
-            "untimed_step_s": untimed_step_s,
-            "build_s": untimed_s - sum(untimed_step_s),
-            # files in the compilers' caches when this recipe began: 0 for a cold start
-            "compile_cache_files": caches,
-            "timed_steps": len(history),
-            "step_time_s": seconds / len(history),
-            "tokens_per_s": tps,
-            "mfu": (trainer.flops_per_token * tps / (trainer.peak_flops * info.world_size)
-                    if trainer.peak_flops else None),
-            "flops_per_token": trainer.flops_per_token,
-            "peak_mem_gib": max(r["peak_mem_gib"] for r in history),
-            # CUDA: the tensors' peak (under CUDA graphs those outside the graphs' pool, whose
-            # replays allocate nothing), and what the timed steps started from; None on a CPU
-            "peak_allocated_gib": max(r["peak_allocated_gib"] for r in history) if device.type == "cuda" else None,
-            "memory_at_start": memory_at_start,
-            "allocated_before_gib": held_before,
-            # CUDA: the reserved bytes as tensors and cache, per pool, at the same point
-            "allocator_at_start": allocator_at_start,
-            "untimed_peak_allocated_gib": untimed_peak,
-            # GPU-busy share of wall time (None on a CPU), from steps after the timed ones
-            "gpu_busy": gpu_busy,
-            "final_loss": history[-1]["loss"],
-            "config": dataclasses.asdict(cfg),
-        })
+        try:
+            records.append(measure_recipe(args, recipe, info, device, vocab_size, stop, held_before))
+        except torch.OutOfMemoryError as err:
+            if info.world_size > 1:
+                raise  # the other ranks wait in a collective for this one
+            # That this recipe does not fit at this size on this GPU is the measurement; the
+            # recipes after it still run.
+            records.append(out_of_memory_record(args, recipe, stop.trainer, err, held_before))
+            if args.memory_snapshot is not None:  # what held the memory when it ran out
+                torch.cuda.memory._dump_snapshot(str(args.memory_snapshot / f"memory_{records[-1]['model']}_{recipe}.pickle"))
+                torch.cuda.memory._record_memory_history(enabled=None)
         if info.is_main:
-            r = records[-1]
-            mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a"
-            busy_text = f", GPU busy {gpu_busy['busy_fraction']:.0%} of wall time" if gpu_busy else ""
-            print(f"throughput: {recipe}: {tps:,.0f} tokens/s, MFU {mfu}, peak {r['peak_mem_gib']:.1f} GiB{busy_text}")
+            print(f"throughput: {recipe}: {summary(records[-1])}")
             # After each recipe: a run cut short keeps what it measured.
-            write_results(args.results, records, config=file_config, seed=cfg.seed, device=device)
+            write_results(args.results, records, config=file_config, seed=records[-1]["config"]["seed"], device=device)
         # The next recipe starts from nothing of this one's: its trainer (weights, gradients,
         # optimizer state: 47 GB at 3b), its compiled graphs and, under CUDA graphs, the graphs'
         # memory pool (which would otherwise stay reserved and count in the next recipe's peak; it
@@ -438,7 +478,6 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         # collection runs after the last reference is gone, so a reference cycle through the
         # trainer cannot carry it into the next recipe's steps.
         stop.release()
-        del trainer, batches
         torch.compiler.reset()
         gc.collect()
         if torch.cuda.is_available():

@@ -226,7 +226,7 @@ def headline_rows(res: Results) -> list[list[str]]:
                      f"{span(bf16, times)} nn.Linear bf16; {span(fp8, times)} torchao float8 rowwise", "linear-layer"])
     e2e = []
     for name, doc in res.stage("throughput").items():
-        by = {r["recipe"]: r for r in doc["records"]}
+        by = measured_by_recipe(doc)
         if "bf16" in by and "adahop" in by:
             e2e.append(f"{name} {times(by['adahop']['tokens_per_s'] / by['bf16']['tokens_per_s'])}")
     if e2e:
@@ -265,7 +265,7 @@ def findings(res: Results) -> list[str]:
         out.append(line)
     ratios, busy = [], []
     for name, doc in res.stage("throughput").items():
-        by = {r["recipe"]: r for r in doc["records"]}
+        by = measured_by_recipe(doc)
         if "bf16" in by and "adahop" in by:
             ratios.append(by["adahop"]["tokens_per_s"] / by["bf16"]["tokens_per_s"])
             if (by["adahop"].get("gpu_busy") or {}).get("busy_fraction") is not None:
@@ -410,15 +410,23 @@ def layer_section(res: Results) -> list[str]:
         "(compiled), both timed in the same run.", "", source(doc)]
 
 
+def measured_by_recipe(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A throughput file's records by recipe, less those that ran out of memory (no figures)."""
+    return {r["recipe"]: r for r in doc["records"] if "error" not in r}
+
+
 def throughput_section(res: Results) -> list[str]:
     rows, docs, shared = [], [], False
     for name, doc in res.stage("throughput").items():
         docs.append(doc)
-        by = {r["recipe"]: r for r in doc["records"]}
-        base = by.get("bf16")
+        base = measured_by_recipe(doc).get("bf16")
         for i, r in enumerate(doc["records"]):
             recipe = r["recipe"]
             mode = f"{r['model']}, {compile_label(r.get('compile'), r.get('compile_mode'))}, {r.get('world_size', 1)} GPU(s), batch {r.get('batch_size')}"
+            if "error" in r:
+                rows.append([name, mode, recipe, f"{r['error']} {r['failed_at']}", "—", "—", "—",
+                             short(doc["provenance"].get("git_commit"))])
+                continue
             peak = "n/a" if r.get("peak_mem_gib") is None else f"{r['peak_mem_gib']:.1f} GiB"
             if peak != "n/a" and peak_is_shared(doc["records"], i):
                 peak, shared = f"≤ {peak} †", True

@@ -247,6 +247,9 @@ def test_design_hot_speed_and_memory_figures_are_the_results_files():
            "125m_cudagraphs_hot_int8mm.json`)" in text
 
 
+GPU_THROUGHPUT = ROOT / "results" / "throughput" / "gpu"
+
+
 def test_design_cuda_graph_pool_figures_are_the_results_file():
     text = words(DESIGN)
     recs = {r["recipe"]: r for r in
@@ -260,7 +263,7 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
     assert f"{compiled['adahop']:.1f} against {compiled['bf16']:.1f} GiB" in text
 
     recs = {r["recipe"]: r for r in
-            read_results(ROOT / "results" / "throughput" / "gpu" / "125m_cudagraphs_adahop.json")["records"]}
+            read_results(GPU_THROUGHPUT / "history" / "125m_cudagraphs_adahop-2026-12-05-5af21ac.json")["records"]}
 
     def recording_peak(rec):
         """Tensors allocated at the step that recorded the graphs: the last untimed step above the
@@ -276,6 +279,25 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
             f"GiB reserved (peaks {a['peak_mem_gib']:.1f} against {b['peak_mem_gib']:.1f} GiB)") in text
     calibration = a["config"]["recipe_overrides"]["calibration_steps"]  # the untimed steps that calibrate, eagerly
     assert f"allocated up to {max(a['untimed_peak_allocated_gib'][:calibration]):.1f} GiB there" in text
+
+    # With the chunked loss: adahop's calibration and timed peaks against bf16's, each in a process of its own.
+    (a,) = read_results(GPU_THROUGHPUT / "125m_cudagraphs_adahop.json")["records"]
+    (b,) = read_results(GPU_THROUGHPUT / "125m_cudagraphs_bf16_h100.json")["records"]
+    assert (f"now allocates at most {max(a['untimed_peak_allocated_gib'][:calibration]):.1f} GiB "
+            f"(`125m_cudagraphs_adahop.json`) against the {recording_peak(b):.1f} GiB of bf16's recording step") in text
+    assert f"timed steps peak at {a['peak_mem_gib']:.1f} against {b['peak_mem_gib']:.1f} GiB" in text
+    (new,), (old,) = (read_results(GPU_THROUGHPUT / "ab" / f"125m_compile_loss_{v}.json")["records"]
+                      for v in ("chunked", "f_cross_entropy"))
+    assert (f"bf16 at 125m ran {new['tokens_per_s']:,.0f} tokens/s with it and {old['tokens_per_s']:,.0f} with "
+            f"`F.cross_entropy`") in text
+    assert f"{new['peak_mem_gib']:.1f}" == f"{old['peak_mem_gib']:.1f}" and f"both peaking at {new['peak_mem_gib']:.1f} GiB" in text
+    bf16, adahop = read_results(GPU_THROUGHPUT / "1b_cudagraphs_h100.json")["records"]
+    assert (f"allocated up to {max(adahop['untimed_peak_allocated_gib']):.1f} GiB against bf16's "
+            f"{max(bf16['untimed_peak_allocated_gib']):.1f}") in text
+    assert (f"ran {adahop['tokens_per_s'] / bf16['tokens_per_s']:.2f}× bf16 with peaks of {adahop['peak_mem_gib']:.1f} "
+            f"against {bf16['peak_mem_gib']:.1f} GiB") in text
+    (oom_run,) = read_results(GPU_THROUGHPUT / "history" / "3b_cudagraphs_h100-bf16-adahop-oom-2026-12-06.json")["records"]
+    assert f"({oom_run['params'] * 16 / 1e9:.1f} GB for its {oom_run['params']:,})" in text
 
 
 def test_hot_round_docstring_figures_are_the_results_file():

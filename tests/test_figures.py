@@ -282,3 +282,23 @@ def test_every_registry_recipe_has_its_own_colour():
     palette = load(ROOT / "paper_figs" / "common.py").recipe_palette()
     assert set(palette) == set(RECIPES)
     assert len({tuple(np.round(c, 3)) for c in palette.values()}) == len(RECIPES)
+
+
+def test_e2e_throughput_figure_leaves_out_a_recipe_that_ran_out_of_memory(work, throughput_results, monkeypatch):
+    figure = load(ROOT / "paper_figs" / "fig7_e2e_throughput.py")
+    doc = read_results(throughput_results[0])
+    oom = {k: doc["records"][1][k] for k in ("model", "world_size", "fsdp", "batch_size", "seq_len", "compile",
+                                             "compile_mode", "config")}
+    oom |= {"recipe": "adahop", "error": "out of memory", "failed_at": "in step 2 (untimed)", "message": "CUDA out of memory."}
+    path = work / "results" / "throughput" / "tiny_cpu_out_of_memory.json"
+    write_results(path, [*doc["records"], oom], config=doc["provenance"]["config"])
+    drawn = {}
+
+    def keep(fig, args, docs):
+        drawn["labels"] = [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        drawn["memory"] = [p.get_width() for p in fig.axes[3].patches]
+
+    monkeypatch.setattr(figure.common, "save", keep)
+    figure.main(["--out", str(work / "out" / "fig7_out_of_memory"), str(path)])
+    assert not any("adahop" in label for label in drawn["labels"])
+    assert drawn["memory"] == pytest.approx([r["peak_mem_gib"] for r in doc["records"]])

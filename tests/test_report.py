@@ -133,3 +133,20 @@ def test_a_cuda_graph_peak_that_held_an_earlier_pool_is_marked_as_a_bound():
     new = [rec("bf16", memory_at_start={}), rec("float8-tensorwise", memory_at_start={})]
     assert not peak_is_shared(new, 1)  # written after the stage reset between recipes
     assert not peak_is_shared([rec("bf16", "default"), rec("mxfp4", "default")], 1)  # no graphs, no pool
+
+
+def test_a_recipe_out_of_memory_is_a_row_that_says_where_and_no_ratio(tmp_path):
+    root = copy_results(tmp_path)
+    throughput = root / "results" / "throughput" / "gpu" / "125m_eager.json"
+    doc = json.loads(throughput.read_text())
+    adahop = next(r for r in doc["records"] if r["recipe"] == "adahop")
+    adahop.clear()
+    adahop.update(recipe="adahop", model="125m", compile=False, compile_mode=None, world_size=1, batch_size=32,
+                  error="out of memory", failed_at="in step 2 (untimed)", message="CUDA out of memory.")
+    throughput.write_text(json.dumps(doc))
+    res = report.Results(report.profile_files("gpu", root), root=root)
+    rows = [line for line in report.throughput_section(res) if line.startswith("| 125m_eager ")]
+    assert "| adahop | out of memory in step 2 (untimed) | — | — | — |" in next(r for r in rows if "| adahop |" in r)
+    e2e = next(line for line in report.readme_block(res).splitlines() if line.startswith("| end to end"))
+    ratios = e2e.split(" | ")[3].split("; ")
+    assert "1b_compile" in e2e and not any(r.startswith("125m_eager ") for r in ratios)  # no adahop to divide

@@ -437,6 +437,32 @@ def test_throughput_builds_each_recipe_after_the_last_is_freed(profile, tmp_path
     assert [r["allocated_before_gib"] for r in records] == [None, None]  # CUDA only
 
 
+def test_throughput_records_a_recipe_out_of_memory_and_measures_the_next(profile, tmp_path, monkeypatch):
+    # A recipe too large for the GPU at this size is a finding of the stage, not its end: the
+    # recipes after it are still measured and the file says where it ran out.
+    script = load_script()
+    real = script.Trainer
+
+    class OutOfMemoryInMxfp4(real):
+        def run(self, until=None):
+            if self.cfg.recipe == "mxfp4":  # its first untimed step fits, its second does not
+                super().run(until=1)
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has ...\nmore")
+            return super().run(until=until)
+
+    monkeypatch.setattr(script, "Trainer", OutOfMemoryInMxfp4)
+    results = tmp_path / "throughput.json"
+    assert script.main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "512",
+                        "--untimed-steps", "2", "--steps", "1", "--device", "cpu", "--no-progress",
+                        "--recipe", "bf16,mxfp4,uniform-iht", "--results", str(results)]) == 0
+    bf16, oom, iht = read_results(results)["records"]
+    assert bf16["tokens_per_s"] > 0 and iht["tokens_per_s"] > 0 and "error" not in iht
+    assert oom["recipe"] == "mxfp4" and oom["error"] == "out of memory" and "tokens_per_s" not in oom
+    assert oom["failed_at"] == "in step 2 (untimed)"
+    assert oom["message"] == "CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has ..."
+    assert oom["config"]["recipe"] == "mxfp4" and oom["batch_size"] == bf16["batch_size"]
+
+
 class Halves:
     """Splits each batch of a source into two micro-batches of half the sequences."""
 
