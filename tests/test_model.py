@@ -3,6 +3,8 @@
 import json
 import re
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -199,6 +201,36 @@ def test_chunked_cross_entropy_keeps_the_logits_and_a_float_a_row_for_the_backwa
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         F.cross_entropy(logits.float(), targets)  # the whole-tensor form: an fp32 log-softmax
     assert sum(t.numel() * t.element_size() for t in saved) >= 64 * 1000 * 4
+
+
+def test_eager_block_keeps_no_silu_output_and_computes_as_autograd():
+    """An eager block under autocast keeps no silu(gate) for its backward, and computes the same
+    bits as the plain ops it replaces."""
+    cfg = LlamaConfig(vocab_size=64, dim=64, n_layers=1, n_heads=4, ffn_dim=160, max_seq_len=32)
+    torch.manual_seed(0)
+    block = model_mod.Block(cfg)
+    cos, sin = model_mod.rope_tables(cfg.head_dim, 32, cfg.rope_theta)
+    x = torch.randn(2, 32, 64)
+
+    def run(lean: bool):
+        saved, grads = [], {}
+        inp = x.clone().requires_grad_()
+        with mock.patch.object(model_mod, "_eager_with_grad", lambda: lean), torch.autocast("cpu", dtype=torch.bfloat16):
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+                out = block(inp, cos[:32], sin[:32])
+        out.float().square().sum().backward()
+        params = {p.data_ptr() for p in block.parameters()}
+        kept = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in saved
+                if t.untyped_storage().data_ptr() not in params}
+        grads = {n: p.grad.clone() for n, p in block.named_parameters()}
+        block.zero_grad(set_to_none=True)
+        return out, inp.grad, grads, sum(kept.values())
+
+    lean, plain = run(True), run(False)
+    assert torch.equal(lean[0], plain[0]) and torch.equal(lean[1], plain[1])
+    assert lean[2].keys() == plain[2].keys() and all(torch.equal(lean[2][n], plain[2][n]) for n in lean[2])
+    tokens = 2 * 32
+    assert plain[3] - lean[3] == tokens * cfg.ffn_dim * 2  # silu(gate), bf16
 
 
 def test_compiled_loss_makes_no_fp32_copy_of_the_logits():

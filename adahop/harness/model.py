@@ -158,6 +158,32 @@ class RMSNorm(nn.Module):
         return y
 
 
+# Eager autograd keeps every elementwise op's inputs for the backward; a compiled graph keeps what
+# Inductor's partition chooses and recomputes the rest. The Function below keeps, eagerly, what the
+# compiled graph needs and recomputes the rest in the backward, with the same ops as autograd's, so
+# eager and traced-unfused (aot_eager) training stay the same bits (tests/test_compile.py). Eager
+# steps include every calibrating recipe's first steps, whose peak is a run's peak.
+
+
+def _eager_with_grad() -> bool:
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+
+class _LeanSwiGLU(torch.autograd.Function):
+    """``F.silu(gate) * up``, keeping ``gate`` and ``up`` where autograd would also keep
+    ``silu(gate)``: one activation of the MLP's width a block."""
+
+    @staticmethod
+    def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(gate, up)
+        return F.silu(gate) * up
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, up = ctx.saved_tensors
+        return torch.ops.aten.silu_backward(grad * up, gate), grad * F.silu(gate)
+
+
 def rope_tables(head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin ``(max_seq_len, head_dim)`` fp32 for the rotate-half RoPE layout of HF Llama."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
@@ -203,7 +229,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(_LeanSwiGLU.apply(gate, up) if _eager_with_grad() else F.silu(gate) * up)
 
 
 class Block(nn.Module):
