@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 import common
-from adahop.harness.train import compile_label, peak_is_shared
+from adahop.harness.train import compile_label, measured, peak_is_shared
 
 # torchao's float8 peers: their own colours (the registry's palette is adahop's recipes') and hatching.
 PEER_COLOURS = {"float8-tensorwise": (0.35, 0.45, 0.75), "float8-rowwise": (0.15, 0.25, 0.55)}
@@ -139,8 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
     # A recipe that ran out of memory has no figures to draw (the report's table names it).
-    measured = [{**doc, "records": [r for r in doc["records"] if "error" not in r]} for doc in docs]
-    recs = common.records(measured, REQUIRED)
+    recs = common.records([{**doc, "records": measured(doc["records"])} for doc in docs], REQUIRED)
     rows = layout(docs, recs)
 
     common.style()

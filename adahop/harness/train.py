@@ -360,6 +360,12 @@ def peak_bf16_flops(device: torch.device) -> float | None:
     return next((peak for key, peak in PEAK_BF16_FLOPS if key in name), None)
 
 
+def measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The throughput records that hold figures: all but those of a recipe that ran out of memory
+    (``error``; experiments/pretrain.py writes them)."""
+    return [r for r in records if "error" not in r]
+
+
 def peak_is_shared(records: list[dict[str, Any]], index: int) -> bool:
     """Whether the CUDA-graph peak of ``records[index]`` may hold an earlier recipe's pool.
 
