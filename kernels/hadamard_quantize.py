@@ -79,11 +79,10 @@ the step's exponent, the SR draws and sign by inline PTX; ``scripts/sass_count.p
 sped the SR step (dY) 1.09-1.13x on an H100 in the same process at 16384×8192, 16384×4096 and
 65536×768, with X and W at 0.99-1.03x (``quantize-ab-instr.json``,
 ``quantize-ab-instr-rerun.json``); at 16384×2048, the shortest, the autotuner's picks differ from
-run to run (W 0.77x, then 2.07x). The tricks
-that stay: the rounding by one add of a binade-sized magic number, a float block max that keeps
-NaN, eight codes a 32-bit word with the "-0" nibbles cleared by a SWAR mask, E4M3 bytes from the
-GPU's conversion, and H's columns permuted so each MMA lane holds consecutive outputs (no data
-moves before the packing).
+run to run (W 0.77x, then 2.07x). The tricks that stay: the rounding by one add of a binade-sized
+magic number, a float block max that keeps NaN, eight codes a 32-bit word with the "-0" nibbles
+cleared by a SWAR mask, E4M3 bytes from the GPU's conversion, and H's columns permuted so each MMA
+lane holds consecutive outputs (no data moves before the packing).
 """
 
 from __future__ import annotations
