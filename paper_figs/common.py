@@ -13,14 +13,16 @@ the list of those files and their git commits in its metadata.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable, Mapping
 
 import matplotlib
 
 matplotlib.use("Agg")  # no display: figures are files
 
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 import yaml  # noqa: E402
@@ -126,3 +128,52 @@ def recipe_palette() -> dict[str, Any]:
 
 def seeds_label(n: int) -> str:
     return f"{n} seed" if n == 1 else f"{n} seeds"
+
+
+def far_out(values: Mapping[Hashable, float], k: float = 3.0) -> set[Hashable]:
+    """The keys whose value lies beyond Tukey's far-out fences (lower quartile − ``k``·IQR, upper
+    quartile + ``k``·IQR) of all the finite values; none with fewer than four or no spread.
+
+    A recipe that trained far worse than every other would set a shared axis on its own and squash
+    the differences among the rest into one line: the figures fit their axis to the others and
+    write such an entry's value at the edge (:func:`mark_off_scale`)."""
+    finite = {key: float(v) for key, v in values.items() if v is not None and math.isfinite(v)}
+    if len(finite) < 4:
+        return set()
+    q1, q3 = np.percentile(list(finite.values()), [25, 75])
+    if q3 <= q1:
+        return set()
+    return {key for key, v in finite.items() if not q1 - k * (q3 - q1) <= v <= q3 + k * (q3 - q1)}
+
+
+def fit_axis(ax: plt.Axes, axis: str, shown: Iterable[float], pad: float = 0.08) -> None:
+    """Limit ``axis`` ("x" or "y") of ``ax`` to the span of ``shown`` (the values kept on scale), padded."""
+    shown = [float(v) for v in shown if v is not None and math.isfinite(v)]
+    if not shown:
+        return
+    lo, hi = min(shown), max(shown)
+    margin = pad * (hi - lo or abs(hi) or 1.0)
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(lo - margin, hi + margin)
+
+
+def mark_off_scale(ax: plt.Axes, entries: Iterable[tuple[str, float, Any, Any]], axis: str = "x",
+                   fmt: str = "{:+.2f}") -> None:
+    """Write each ``(label, value, position, colour)`` whose value lies off ``ax``'s ``axis`` limits
+    at the edge it passes, with its value. ``axis`` "x": ``position`` is the entry's place on the
+    y axis (a row, which names the entry: ``label`` may be empty); "y": ``position`` is ignored
+    and the notes stack down from the top left. ``fmt`` formats the value."""
+    row = 0
+    for label, value, position, colour in entries:
+        lo, hi = ax.get_xlim() if axis == "x" else ax.get_ylim()
+        if lo <= value <= hi:
+            continue
+        high = value > hi
+        number = fmt.format(value)
+        text = " ".join(filter(None, [label, number, "→"] if high else ["←", label, number]))
+        if axis == "x":
+            ax.text(0.995 if high else 0.005, position, text, transform=ax.get_yaxis_transform(), color=colour,
+                    ha="right" if high else "left", va="center", fontsize="small", fontweight="bold")
+        else:
+            ax.text(0.02, 0.97 - 0.07 * row, f"{label}: off scale ({'above' if high else 'below'}), last {number}",
+                    transform=ax.transAxes, color=colour, ha="left", va="top", fontsize="small", fontweight="bold")
+            row += 1

@@ -75,6 +75,12 @@ def main(argv: list[str] | None = None) -> None:
                     seeds_seen.add(seed)
                     ax.scatter(value, y, marker=SEED_MARKERS[seed % len(SEED_MARKERS)], s=28, color=colour,
                                edgecolor="black", linewidth=0.5, zorder=3)
+            # a pair far from the rest (a recipe that trained far worse) would squash every other row
+            means = {y: paired[metric]["mean"] for y, (_, _, paired) in enumerate(found) if paired.get(metric)}
+            off = common.far_out(means)
+            common.fit_axis(ax, "x", [0.0, *(v for y, (_, _, paired) in enumerate(found) if y in means and y not in off
+                                             for v in (*paired[metric]["per_seed"].values(), *(paired[metric]["ci95"] or ())))])
+            common.mark_off_scale(ax, [("", means[y], y, "0.2") for y in sorted(off)])
             ax.axvline(0, color="black", linewidth=0.8)
             for y in range(1, len(found)):  # a rule between the groups
                 if kind(*found[y][:2]) != kind(*found[y - 1][:2]):

@@ -63,6 +63,9 @@ def main(argv: list[str] | None = None) -> None:
             ax.set_xlabel(f"training tokens ({unit})")
             ax.set_ylabel(f"{title} (nats/token)")
             ax.set_title(f"{model}: {title}")
+        final = runs[runs["model"] == model].dropna(subset=["final_val_loss"])
+        # a recipe that trained far worse than the rest would squash the others' gaps and losses
+        off = common.far_out(final.groupby("recipe")["final_val_loss"].mean().to_dict())
         ax = row[2]
         part = gaps[gaps["model"] == model].assign(tokens=lambda d: d["tokens"] / scale)
         if part.empty:
@@ -72,14 +75,13 @@ def main(argv: list[str] | None = None) -> None:
                          palette=palette, errorbar=("pi", 100), marker="o", markersize=4, ax=ax, legend=False)
             ax.axhline(0, color="0.3", linewidth=0.8)
             # the first evaluations' gaps dwarf the later ones: show from the second on
-            later = part[part["tokens"] > part["tokens"].min()]["gap"]
-            if not later.empty:
-                pad = 0.1 * (later.max() - later.min() or abs(later.max()) or 1.0)
-                ax.set_ylim(min(0.0, later.min()) - pad, max(0.0, later.max()) + pad)
+            later = part[(part["tokens"] > part["tokens"].min()) & ~part["recipe"].isin(off)]["gap"]
+            common.fit_axis(ax, "y", [0.0, *later], pad=0.1)
+            last = part[part["tokens"] == part["tokens"].max()].groupby("recipe")["gap"].mean()
+            common.mark_off_scale(ax, [(r, last[r], None, palette[r]) for r in order if r in off and r in last], axis="y")
         ax.set_xlabel(f"training tokens ({unit})")
         ax.set_ylabel("held-out loss − bf16, same seed")
         ax.set_title(f"{model}: gap to bf16 (line: mean over shared seeds)")
-        final = runs[runs["model"] == model].dropna(subset=["final_val_loss"])
         ax = row[3]
         if final.empty:
             ax.text(0.5, 0.5, "no final held-out loss", ha="center", va="center", transform=ax.transAxes)
@@ -96,6 +98,10 @@ def main(argv: list[str] | None = None) -> None:
             ax.legend([plt.Line2D([], [], linestyle="none", marker=markers.get(seed, "o"), color="0.5") for seed in seed_order],
                       [f"seed {seed}" for seed in seed_order], fontsize=7, loc="best", framealpha=0.8)
             ax.set_yticks(range(len(present)), [f"{r} ({common.seeds_label(seeds[(model, r)])})" for r in present])
+            common.fit_axis(ax, "x", final[~final["recipe"].isin(off)]["final_val_loss"])
+            means = final.groupby("recipe")["final_val_loss"].mean()
+            common.mark_off_scale(ax, [("", means[r], present.index(r), palette[r]) for r in present if r in off],
+                                  fmt="{:.2f}")
         ax.set_xlabel("final held-out loss (nats/token)")
         ax.set_ylabel("")
         ax.set_title(f"{model}: final held-out loss (markers: seeds, bar: mean)")

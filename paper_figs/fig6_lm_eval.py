@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> None:
                       markers="|", markersize=14, linestyle="none", legend=False, ax=ax)
         sns.stripplot(data=ppl, y="run", x="value", order=order, hue="run", palette=colours, size=5, alpha=0.8,
                       jitter=False, legend=False, ax=ax)
+        means = ppl.groupby("run")["value"].mean()
+        off = common.far_out(means.to_dict())
+        common.fit_axis(ax, "x", ppl[~ppl["run"].isin(off)]["value"])
+        common.mark_off_scale(ax, [("", means[r], order.index(r), colours[r]) for r in order if r in off], fmt="{:.2f}")
     ax.set_ylabel("")
     ax.set_xlabel("bits per byte (lower is better)")
     ax.set_title("held-out corpus (corpus_ppl; dots: seeds, bar: mean)")

@@ -302,3 +302,37 @@ def test_e2e_throughput_figure_leaves_out_a_recipe_that_ran_out_of_memory(work, 
     figure.main(["--out", str(work / "out" / "fig7_out_of_memory"), str(path)])
     assert not any("adahop" in label for label in drawn["labels"])
     assert drawn["memory"] == pytest.approx([r["peak_mem_gib"] for r in doc["records"]])
+
+
+def test_far_out_flags_only_a_value_beyond_tukeys_far_out_fences():
+    common = load(ROOT / "paper_figs" / "common.py")
+    near = {"bf16": 3.06, "mxfp4": 3.11, "tseng": 3.07, "adahop": 3.10, "uniform-iht": 3.09}
+    assert common.far_out(near) == set()
+    assert common.far_out({**near, "hot": 5.43}) == {"hot"}
+    assert common.far_out({**near, "broken": -2.0, "nan": float("nan")}) == {"broken"}
+    assert common.far_out({"a": 1.0, "b": 9.0, "c": 1.0}) == set()  # under four values: no quartiles to trust
+    assert common.far_out(dict.fromkeys("abcde", 2.0) | {"f": 3.0}) == set()  # no spread among the rest
+
+
+def test_loss_figures_draw_a_recipe_far_off_the_rest_at_the_edge_with_its_value(work, monkeypatch):
+    # The committed 125m runs: hot ended 2.4 nats above bf16, the other recipes within 0.1 of it.
+    runs = sorted((ROOT / "results" / "pretrain" / "gpu").glob("125m_*.json"))
+    finals = {p.stem: read_results(p)["records"][0]["final_val_loss"] for p in runs}
+    hot = [v for name, v in finals.items() if name.startswith("125m_hot_")]
+    rest = [v for name, v in finals.items() if not name.startswith("125m_hot_")]
+    assert hot and min(hot) > max(rest) + 1.0
+    figure = load(ROOT / "paper_figs" / "fig3_loss.py")
+    drawn = {}
+
+    def keep(fig, args, docs):
+        final = fig.axes[3]
+        drawn["xlim"] = final.get_xlim()
+        drawn["texts"] = [t.get_text() for t in final.texts]
+        drawn["gap_texts"] = [t.get_text() for t in fig.axes[2].texts]
+
+    monkeypatch.setattr(figure.common, "save", keep)
+    figure.main(["--out", str(work / "out" / "fig3_committed"), *map(str, runs)])
+    lo, hi = drawn["xlim"]
+    assert lo <= min(rest) and max(rest) <= hi < min(hot)
+    assert f"{np.mean(hot):.2f} →" in drawn["texts"]
+    assert any(t.startswith("hot: off scale (above)") for t in drawn["gap_texts"])
