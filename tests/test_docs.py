@@ -298,6 +298,16 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
             f"against {bf16['peak_mem_gib']:.1f} GiB") in text
     (oom_run,) = read_results(GPU_THROUGHPUT / "history" / "3b_cudagraphs_h100-bf16-adahop-oom-2026-12-06.json")["records"]
     assert f"({oom_run['params'] * 16 / 1e9:.1f} GB for its {oom_run['params']:,})" in text
+    # 3b after the fix: adahop's eager calibration beside bf16's recording step, in one process.
+    bf16, adahop = read_results(GPU_THROUGHPUT / "3b_cudagraphs_h100.json")["records"]
+    assert bf16["allocated_before_gib"] == adahop["allocated_before_gib"] == 0.0
+    assert (f"allocates at most {max(adahop['untimed_peak_allocated_gib'][:calibration]):.1f} GiB against the "
+            f"{recording_peak(bf16):.1f} GiB of bf16's graph-recording step") in text
+    assert (f"run {adahop['tokens_per_s']:,.0f} against {bf16['tokens_per_s']:,.0f} tokens/s "
+            f"({adahop['tokens_per_s'] / bf16['tokens_per_s']:.2f}×) with peaks of {adahop['peak_mem_gib']:.1f} against "
+            f"{bf16['peak_mem_gib']:.1f} GiB") in text
+    assert (f"took {adahop['untimed_s']:.0f} s against bf16's {bf16['untimed_s']:.0f}" in text
+            and f"{adahop['untimed_step_s'][calibration]:.0f} s of them" in text)
 
 
 def test_hot_round_docstring_figures_are_the_results_file():
