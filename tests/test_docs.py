@@ -323,3 +323,20 @@ def test_hot_round_docstring_figures_are_the_results_file():
     (rne_copy, rne_ref), (sr_copy, sr_ref) = spans("rne"), spans("sr")
     assert f"{rne_copy} of the same-run copy bandwidth to nearest and {sr_copy} stochastically" in text
     assert f"{rne_ref[0]:.1f}–{rne_ref[1]:.1f}× and {sr_ref[0]:.0f}–{sr_ref[1]:.0f}× the speed" in text
+
+
+def test_design_hot_pretraining_figures_are_the_results_files():
+    text = words(DESIGN)
+    runs = {p.stem: read_results(p)["records"][0] for p in (ROOT / "results" / "pretrain" / "gpu").glob("125m_*_s*.json")}
+    hot, bf16 = runs["125m_hot_s0"], runs["125m_bf16_s0"]
+    assert f"ends at a held-out loss of {hot['final_val_loss']:.3f} against bf16's {bf16['final_val_loss']:.3f}" in text
+    gaps = [r["final_val_loss"] - runs[f"125m_bf16_s{name.rsplit('_s', 1)[1]}"]["final_val_loss"]
+            for name, r in runs.items() if r["recipe"] not in ("bf16", "hot")]
+    assert gaps and max(gaps) < 0.06 and "every MXFP4 recipe of the suite ends within 0.06 of bf16" in text
+
+    def val(run, step):
+        return next(p["val_loss"] for p in run["val_curve"] if p["step"] == step)
+
+    assert f"({val(hot, 100):.3f} against {val(bf16, 100):.3f} at step 100)" in text
+    assert (f"HOT's held-out loss falls by {val(hot, 500) - hot['final_val_loss']:.3f}, bf16's by "
+            f"{val(bf16, 500) - bf16['final_val_loss']:.3f}") in text
