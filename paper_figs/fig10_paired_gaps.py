@@ -8,6 +8,7 @@ recipe, and the contrast pairs (uniform-iht against mxfp4). One row per pair: a 
 the mean (a bar) and, with two seeds or more, the 95% interval of the mean (Student's t over the
 seeds). Below 0 the recipe is the better of the two; an interval that holds 0 has not told them
 apart. A pair whose runs of one seed split the batch over a different number of GPUs is marked †.
+A pair far off the rest (``common.far_out``) is written at the axis edge with its mean.
 """
 
 from __future__ import annotations

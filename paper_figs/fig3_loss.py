@@ -7,6 +7,8 @@ held-out loss against training tokens (line: mean over seeds; band: min to max o
 recipe's held-out loss minus bf16's on the same seed at the same step (when the gap opens), and
 the final held-out loss of every seed per recipe, one marker shape per seed (one seed
 fixes the initial weights and the data order for every recipe, so same-seed markers pair up).
+The last two panels fit their axis to the recipes near one another: one far off the rest
+(``common.far_out``, e.g. a recipe that failed to train) is written at the edge with its value.
 """
 
 from __future__ import annotations

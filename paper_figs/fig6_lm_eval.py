@@ -7,7 +7,8 @@ holds none, the right-hand panel says so instead of showing bars.
 
 Metric per task: the paper's where it reports the task, else ``acc_norm`` where lm-eval has it,
 else ``acc``. Bars: mean over seeds; whiskers: min to max over seeds. The corpus held-out
-perplexity (``corpus_ppl``, bits per byte) gets its own panel.
+perplexity (``corpus_ppl``, bits per byte) gets its own panel, its axis fitted to the recipes near
+one another (one far off the rest, ``common.far_out``, is written at the edge with its mean).
 """
 
 from __future__ import annotations
