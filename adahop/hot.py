@@ -41,6 +41,10 @@ Readings of HOT's public code (``utils/quant_matmul.py``, ``utils/hadamard_matmu
    and during the recipe's first steps, which run in BF16 and train (HOT calibrates a throwaway
    full-precision copy of the model on held-out data before training).
 
+Beyond HOT: the ``hot-int8`` ``wgrad`` (``lowrank=False`` in :func:`compress_tokens` and
+:func:`wgrad`) runs the same INT8 quantizers without the projection, X saved in INT8 at every token;
+the ``hot-no-lowrank`` recipe asks with it what the low-rank ``wgrad`` costs in pretraining.
+
 GEMM paths (:func:`hot_gemm_path`): INT4 values are exact in FP8 E4M3, so on Hopper/Ada the INT4
 GEMM runs on the FP8 tensor cores (``torch._scaled_mm``, the scales per row); the INT8 GEMM runs
 on the INT8 tensor cores (``torch._int_mm``, int32 accumulation, exact). On CPU, and under the
@@ -309,22 +313,27 @@ def dgrad(a: torch.Tensor, b: torch.Tensor, *, per_token: bool, seed: torch.Tens
     return mm_int4(qa, qb, paths.int4, out_dtype)
 
 
-def compress_tokens(x: torch.Tensor, backend: Backend | str | None = None) -> IntTensor:
+def compress_tokens(x: torch.Tensor, backend: Backend | str | None = None, lowrank: bool = True) -> IntTensor:
     """HOT's activation buffer compression: ``x (T, in)`` projected along tokens
-    (:func:`lowrank_tokens`) and SAWB-quantized to INT8: ``(T/2, in)`` int8 and a ``(1, 1)`` scale."""
-    return quantize_int(lowrank_tokens(x), 8, "sawb", backend=backend)
+    (:func:`lowrank_tokens`) and SAWB-quantized to INT8: ``(T/2, in)`` int8 and a ``(1, 1)`` scale.
+    ``lowrank=False`` (the ``hot-int8`` ablation): not projected, ``(T, in)``."""
+    return quantize_int(lowrank_tokens(x) if lowrank else x, 8, "sawb", backend=backend)
 
 
 def wgrad(g: torch.Tensor, x: IntTensor, *, seed: torch.Tensor | None, paths: HotPaths,
-          out_dtype: torch.dtype, backend: Backend | str | None = None) -> torch.Tensor:
+          out_dtype: torch.dtype, backend: Backend | str | None = None, lowrank: bool = True) -> torch.Tensor:
     """HOT's ``wgrad``: dW ``(out, in)`` from dY ``g (T, out)`` and the compressed X (``(T/2, in)``,
     :func:`compress_tokens`): dY projected along tokens, to INT8 stochastically (``seed``) per tensor.
 
     Equivalent to ``g.T @ Π @ x`` (Π the orthogonal projector onto the kept sequencies) up to INT8 error.
+    ``lowrank=False`` (the ``hot-int8`` ablation): neither is projected, X is ``(T, in)``, and the
+    product is ``g.T @ x`` up to INT8 error.
     """
-    if g.shape[0] != 2 * x.values.shape[0]:
-        raise ValueError(f"dY has {g.shape[0]} tokens, the compressed X {x.values.shape[0]} (expected half)")
-    qg = quantize_int(lowrank_tokens(g), 8, "tensor", seed, backend)
+    tokens = x.values.shape[0] * (2 if lowrank else 1)
+    if g.shape[0] != tokens:
+        raise ValueError(f"dY has {g.shape[0]} tokens, the compressed X {x.values.shape[0]} "
+                         f"(expected {'half' if lowrank else 'as many'})")
+    qg = quantize_int(lowrank_tokens(g) if lowrank else g, 8, "tensor", seed, backend)
     return mm_int8(IntTensor(qg.values.t(), qg.scale), x, paths.int8, out_dtype)
 
 

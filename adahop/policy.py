@@ -54,6 +54,7 @@ class Strategy(str, enum.Enum):
     block-16 Hadamard along ``out`` on dY and W, both in INT4 (dY stochastically rounded with one
     scale per tensor, or per token; W SAWB-clipped per tensor). HOT_LOWRANK_INT8 (``wgrad``): dY and
     X projected onto the lower half of the Walsh sequencies along tokens, then INT8 (X saved so).
+    HOT_INT8 (``wgrad``, an ablation beyond HOT): the same INT8 quantizers without the projection.
     """
 
     BF16 = "bf16"
@@ -64,6 +65,7 @@ class Strategy(str, enum.Enum):
     HOT_INT4 = "hot-int4"
     HOT_INT4_TOKEN = "hot-int4-token"
     HOT_LOWRANK_INT8 = "hot-lowrank-int8"
+    HOT_INT8 = "hot-int8"
 
     @property
     def quantized(self) -> bool:
@@ -90,6 +92,7 @@ class Strategy(str, enum.Enum):
 
 HOT_SLOTS: dict[Strategy, tuple[str, ...]] = {
     Strategy.HOT_INT4: ("dgrad",), Strategy.HOT_INT4_TOKEN: ("dgrad",), Strategy.HOT_LOWRANK_INT8: ("wgrad",),
+    Strategy.HOT_INT8: ("wgrad",),
 }
 
 

@@ -20,6 +20,10 @@ recipe              fwd / dgrad / wgrad        notes
                                                INT4 dgrad, block-16 Hadamard; low-rank INT8 wgrad on
                                                X saved projected in INT8; per-layer dY scale (tensor
                                                or token) from 30 BF16 calibration steps
+``hot-no-lowrank``  bf16 / hot-int4-token /    ablation: ``hot`` without its low-rank ``wgrad`` (INT8
+                    hot-int8                   dY and X at every token, X saved so); dY per token in
+                                               ``dgrad``, what ``hot``'s selection picked in every
+                                               layer at 125m; no calibration
 ``adahop``          table policy               30 calibration steps of plain MXFP4, then DESIGN §1
 ``adahop-measured`` measured policy            lowest measured output error per GEMM
 ``adahop-no-oe``    table policy               ablation: ``adahop``'s table with IHT where it has
@@ -307,6 +311,8 @@ RECIPES: dict[str, Recipe] = {
                "iht", "iht", "iht", **_BACKWARD_RHT_SR),
         _policy("hot", "HOT (Kim et al. 2025): BF16 forward, INT4 Hadamard dgrad, low-rank INT8 wgrad on X saved "
                 "in INT8, per-layer dY scale", "lqs", calibration_precision="bf16", measured_margin=0.5),
+        _fixed("hot-no-lowrank", "ablation: HOT's INT4 dgrad (per token) with its INT8 wgrad at full rank (no "
+               "projection along tokens)", "bf16", "hot-int4-token", "hot-int8"),
         _policy("adahop", "AdaHOP: calibrated outlier patterns → strategy table (DESIGN §1)", "table"),
         _policy("adahop-measured", "per GEMM the strategy with the lowest measured calibration error", "measured"),
         _policy("adahop-no-oe", "ablation: AdaHOP's table with IHT in place of OE-left/right (BF16 fallback kept)",

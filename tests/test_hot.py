@@ -265,15 +265,26 @@ def test_wgrad_error_is_the_projection_on_white_tokens_and_int8_on_pair_constant
     assert 0.03 < relative(dwp, gp.double().t() @ xp.double()) < 0.08
 
 
+def test_full_rank_wgrad_ablation_leaves_only_int8_error():
+    g, x = gaussian(TOKENS, OUT), gaussian(TOKENS, IN, s=1)
+    exact = g.double().t() @ x.double()
+    dw = strategy_mm(Strategy.HOT_INT8, Operand(g, transpose=True), Operand(x, transpose=True))
+    low_rank = strategy_mm(Strategy.HOT_LOWRANK_INT8, Operand(g, transpose=True), Operand(x, transpose=True))
+    assert 0.01 < relative(dw, exact) < 0.1 < 0.66 < relative(low_rank, exact)
+    with pytest.raises(ValueError, match="expected as many"):
+        hot.wgrad(g, hot.compress_tokens(x), seed=None, paths=hot.HotPaths("reference", "reference"), out_dtype=torch.float32,
+                  lowrank=False)
+
+
 def test_wgrad_on_the_compressed_copy_equals_wgrad_on_x():
     g, x = gaussian(TOKENS, OUT), gaussian(TOKENS, IN, s=1)
     counter = torch.tensor(3)
     spec = adahop.linear.QuantSpec(False, "sr", 11)
-    full = strategy_mm(Strategy.HOT_LOWRANK_INT8, Operand(g, spec, transpose=True), Operand(x, transpose=True),
-                       counter=counter)
-    saved = strategy_mm(Strategy.HOT_LOWRANK_INT8, Operand(g, spec, transpose=True),
-                        Operand(None, q=hot.compress_tokens(x)), counter=counter)
-    assert torch.equal(full, saved)
+    for strategy, lowrank in ((Strategy.HOT_LOWRANK_INT8, True), (Strategy.HOT_INT8, False)):
+        full = strategy_mm(strategy, Operand(g, spec, transpose=True), Operand(x, transpose=True), counter=counter)
+        saved = strategy_mm(strategy, Operand(g, spec, transpose=True),
+                            Operand(None, q=hot.compress_tokens(x, lowrank=lowrank)), counter=counter)
+        assert torch.equal(full, saved), strategy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -356,6 +367,12 @@ def test_saved_x_is_projected_int8_a_quarter_of_bf16():
     x_bf16 = TOKENS * IN * 2
     assert x_bf16 in {n for n, _ in plain.storages.values()}
     assert meter.activation_bytes - 12 == x_bf16 // 4
+    # The full-rank ablation keeps X in INT8 at every token: half of BF16.
+    layer.fix({"fwd": "bf16", "dgrad": "hot-int4", "wgrad": "hot-int8"})
+    with SavedTensorMeter(layer) as full_rank:
+        layer(x)
+    assert ((TOKENS, IN), torch.int8) in {(s, d) for s, d, is_param in full_rank.tensors if not is_param}
+    assert full_rank.activation_bytes - 12 == x_bf16 // 2
 
 
 def test_checkpoint_round_trip_keeps_the_selection_and_the_draws():

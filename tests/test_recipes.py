@@ -19,6 +19,9 @@ fp32 accumulation order differs). What they reflect:
   measured 0.27, tests/test_hot.py derives ≈0.25) or per token (planted outlier tokens, where the
   selection picks it: 0.21); the low-rank wgrad keeps half the token sequencies, so on tokens with
   no neighbour correlation dW's error is ≈ sqrt(1/2) (measured 0.71 and 0.65).
+* ``hot-no-lowrank``: the same INT8 quantizers without the projection: dW 0.06 on Gaussian data,
+  0.29 with planted outliers (SAWB clips X's outlier channels at ≈2.4 rms; dY's outlier tokens
+  share one INT8 scale); dY per token in dgrad (Gaussian 0.19).
 * ``adahop-bf16-cal`` observes what ``adahop`` observes (the votes come from the operands, not the
   GEMMs), so it fixes the same strategies and meets the same floors.
 """
@@ -57,6 +60,7 @@ FLOORS = {
     "adahop-exact-bf16": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 1e-6)},
     "adahop-bf16-cal": {"gaussian": (0.21, 0.25, 0.26), "outliers": (0.20, 0.08, 0.14)},
     "hot": {"gaussian": (1e-6, 0.34, 0.89), "outliers": (1e-6, 0.27, 0.82)},
+    "hot-no-lowrank": {"gaussian": (1e-6, 0.24, 0.08), "outliers": (1e-6, 0.27, 0.36)},
 }
 
 
@@ -149,7 +153,7 @@ def test_profile_schema_lists_the_calibrating_recipes_and_every_recipe():
 
 
 def test_registry_entries():
-    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "hot", "adahop",
+    assert set(RECIPES) == {"bf16", "mxfp4", "uniform-iht", "tseng", "quartet-style", "hot", "hot-no-lowrank", "adahop",
                             "adahop-measured", "adahop-no-oe", "adahop-no-bf16", "adahop-recal", "adahop-exact-bf16",
                             "adahop-bf16-cal"}
     tseng, quartet = RECIPES["tseng"], RECIPES["quartet-style"]
@@ -175,6 +179,9 @@ def test_registry_entries():
     assert cal.policy == "table" and cal.table == REFERENCE_TABLE and cal.calibration_steps == 30
     hot = RECIPES["hot"]
     assert hot.policy == "lqs" and hot.calibration_steps == 30 and hot.measured_margin == 0.5
+    # HOT's ablation: its dgrad as hot's selection picked at 125m, its wgrad without the projection.
+    assert RECIPES["hot-no-lowrank"].fixed_strategies == {"fwd": Strategy.BF16, "dgrad": Strategy.HOT_INT4_TOKEN,
+                                                          "wgrad": Strategy.HOT_INT8}
     # The ablations: the reference table with IHT in the OE cells (no-oe) or in the BF16 cell (no-bf16).
     ref = REFERENCE_TABLE.to_dict()
     for name, dropped in (("adahop-no-oe", {"iht+oe-left", "iht+oe-right"}), ("adahop-no-bf16", {"bf16"})):

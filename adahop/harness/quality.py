@@ -17,7 +17,8 @@ per-seed differences on the seeds both recipes have, their mean and sd, the 95% 
 interval of the mean (Student's t over the seeds: with two or three seeds it is wide, and a
 difference of the same sign on every seed can still be chance), and on how many seeds the recipe
 is lower. Every recipe is paired with bf16, the method (adahop) with every other recipe, and the
-pairs of :data:`CONTRAST_PAIRS` (what one ingredient alone buys: uniform-iht against mxfp4).
+pairs of :data:`CONTRAST_PAIRS` (what one ingredient alone buys: uniform-iht against mxfp4, HOT
+without its low-rank wgrad against HOT).
 
 Each row also carries ``gap_curve``: at every held-out evaluation, the recipe's held-out loss minus
 the reference's on the same seed and step (:func:`paired_gap_points`), its mean, min and max over
@@ -38,8 +39,9 @@ CORPUS_TASK, BPB = "corpus_ppl", "bits_per_byte"
 REFERENCE = "bf16"
 METHOD = "adahop"
 PAIRED_METRICS = ("final_val_loss", "bits_per_byte")  # lower is better in both
-# (recipe, baseline) pairs beyond bf16 and the method: rotation alone, against no rotation.
-CONTRAST_PAIRS = frozenset({("uniform-iht", "mxfp4")})
+# (recipe, baseline) pairs beyond bf16 and the method: rotation alone, against no rotation; HOT's
+# full-rank wgrad, against its low-rank one.
+CONTRAST_PAIRS = frozenset({("uniform-iht", "mxfp4"), ("hot-no-lowrank", "hot")})
 
 
 def _accuracy_metric(metrics: set[str]) -> str | None:

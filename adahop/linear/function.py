@@ -12,7 +12,7 @@ plus ``(k, ·)`` BF16 outlier slices for OE-right, W as the forward got it when 
 or OE-left, and X as it came when ``wgrad`` is ``bf16`` under ``bf16_wgrad_input="bf16"``. With
 ``weight_for_backward="param"`` nothing of W is saved: the backward quantizes it again from the
 parameter. HOT's strategies (:mod:`adahop.hot`) save instead, for ``hot-lowrank-int8``, X projected
-along tokens in INT8 (1 byte per two tokens' values) and, for ``hot-int4``, W as the forward got it
+along tokens in INT8 (1 byte per two tokens' values; ``hot-int8``: not projected, 1 byte a value) and, for ``hot-int4``, W as the forward got it
 (the backward transforms and quantizes it, as HOT does). Under ``torch.compile`` sibling layers reading one input (q/k/v, gate/up) quantize it
 with identical calls (same input, specs and draws: their input salt is shared, fixed by
 :func:`adahop.convert`), which the compiler computes once and saves once, as a fused projection
@@ -100,8 +100,9 @@ class QuantLinearFunction(torch.autograd.Function):
         keep_w = dgrad.b if plan.need_backward and not plan.weight_from_param else None
         oe_x = plan.need_backward and wgrad.strategy is Strategy.IHT_OE_RIGHT
         oe_w = plan.need_backward and dgrad.strategy is Strategy.IHT_OE_RIGHT
-        # HOT's buffer compression: X kept projected along tokens, in INT8.
-        xc = hot.compress_tokens(x, g.backend) if plan.need_backward and wgrad.strategy.hot else None
+        # HOT's buffer compression: X kept in INT8, projected along tokens (not for the hot-int8 ablation).
+        xc = (hot.compress_tokens(x, g.backend, wgrad.strategy is Strategy.HOT_LOWRANK_INT8)
+              if plan.need_backward and wgrad.strategy.hot else None)
         if fwd.strategy.quantized:
             xq, xq_t = quantize_pair(x, fwd.a, keep_x, g.want(fwd.layout_a, fwd.strategy is Strategy.IHT_OE_LEFT),
                                      Want(True, None, oe_x), counter, g.backend)
