@@ -12,8 +12,9 @@ plus ``(k, ·)`` BF16 outlier slices for OE-right, W as the forward got it when 
 or OE-left, and X as it came when ``wgrad`` is ``bf16`` under ``bf16_wgrad_input="bf16"``. With
 ``weight_for_backward="param"`` nothing of W is saved: the backward quantizes it again from the
 parameter. HOT's strategies (:mod:`adahop.hot`) save instead, for ``hot-lowrank-int8``, X projected
-along tokens in INT8 (1 byte per two tokens' values; ``hot-int8``: not projected, 1 byte a value) and, for ``hot-int4``, W as the forward got it
-(the backward transforms and quantizes it, as HOT does). Under ``torch.compile`` sibling layers reading one input (q/k/v, gate/up) quantize it
+along tokens in INT8 (1 byte per two tokens' values; ``hot-int8``: not projected, 1 byte a value)
+and, for ``hot-int4``, W as the forward got it (the backward transforms and quantizes it, as HOT
+does). Under ``torch.compile`` sibling layers reading one input (q/k/v, gate/up) quantize it
 with identical calls (same input, specs and draws: their input salt is shared, fixed by
 :func:`adahop.convert`), which the compiler computes once and saves once, as a fused projection
 would.
