@@ -85,6 +85,11 @@ class Strategy(str, enum.Enum):
         return self in HOT_SLOTS
 
     @property
+    def lowrank(self) -> bool:
+        """Projects along tokens before quantizing (HOT's ``wgrad``; X is then saved projected)."""
+        return self is Strategy.HOT_LOWRANK_INT8
+
+    @property
     def slots(self) -> tuple[str, ...]:
         """The slots this strategy can run: HOT's GEMMs one each, every other strategy all three."""
         return HOT_SLOTS.get(self, SLOTS)

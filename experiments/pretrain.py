@@ -252,6 +252,12 @@ PROFILE_STEPS = 3
 # and CUDA-graph recording steps (replays allocate nothing); a pickled event with its Python stack
 # takes a few KB.
 SNAPSHOT_ENTRIES = 20_000
+
+
+def dump_memory_snapshot(directory: Path, model: str, recipe: str) -> None:
+    """Write what the allocator recorded to ``directory/memory_<model>_<recipe>.pickle``; stop recording."""
+    torch.cuda.memory._dump_snapshot(str(directory / f"memory_{model}_{recipe}.pickle"))
+    torch.cuda.memory._record_memory_history(enabled=None)
 BUSY_STEPS = 5
 
 
@@ -353,8 +359,7 @@ def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: tor
     untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
     untimed_s = time.perf_counter() - t_untimed
     if snapshot:
-        torch.cuda.memory._dump_snapshot(str(args.memory_snapshot / f"memory_{cfg.model}_{recipe}.pickle"))
-        torch.cuda.memory._record_memory_history(enabled=None)
+        dump_memory_snapshot(args.memory_snapshot, cfg.model, recipe)
     # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
     # first fixed step compiles), and the rest, building the model.
     untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
@@ -465,8 +470,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             # recipes after it still run.
             records.append(out_of_memory_record(args, recipe, stop.trainer, err, held_before))
             if args.memory_snapshot is not None:  # what held the memory when it ran out
-                torch.cuda.memory._dump_snapshot(str(args.memory_snapshot / f"memory_{records[-1]['model']}_{recipe}.pickle"))
-                torch.cuda.memory._record_memory_history(enabled=None)
+                dump_memory_snapshot(args.memory_snapshot, records[-1]["model"], recipe)
         if info.is_main:
             print(f"throughput: {recipe}: {summary(records[-1])}")
             # After each recipe: a run cut short keeps what it measured.

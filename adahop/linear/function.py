@@ -102,7 +102,7 @@ class QuantLinearFunction(torch.autograd.Function):
         oe_x = plan.need_backward and wgrad.strategy is Strategy.IHT_OE_RIGHT
         oe_w = plan.need_backward and dgrad.strategy is Strategy.IHT_OE_RIGHT
         # HOT's buffer compression: X kept in INT8, projected along tokens (not for the hot-int8 ablation).
-        xc = (hot.compress_tokens(x, g.backend, wgrad.strategy is Strategy.HOT_LOWRANK_INT8)
+        xc = (hot.compress_tokens(x, g.backend, wgrad.strategy.lowrank)
               if plan.need_backward and wgrad.strategy.hot else None)
         if fwd.strategy.quantized:
             xq, xq_t = quantize_pair(x, fwd.a, keep_x, g.want(fwd.layout_a, fwd.strategy is Strategy.IHT_OE_LEFT),

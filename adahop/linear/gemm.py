@@ -358,13 +358,12 @@ def _hot_mm(strategy: Strategy, a: Operand, b: Operand, out_dtype: torch.dtype, 
     counter = new_counter(device) if counter is None else counter
     seed = draw_seed(counter, spec.salt or 0) if spec.draws else None
     paths = hot.paths_for(config.path)
-    if strategy in (Strategy.HOT_LOWRANK_INT8, Strategy.HOT_INT8):
+    if "wgrad" in strategy.slots:
         # Both operands along tokens: their token-major forms are the sources as stored.
-        lowrank = strategy is Strategy.HOT_LOWRANK_INT8
         x = b.q if isinstance(b.q, hot.IntTensor) else hot.compress_tokens(b.src if b.transpose else b.full.t(),
-                                                                           config.backend, lowrank)
+                                                                           config.backend, strategy.lowrank)
         return hot.wgrad(a.src if a.transpose else a.full.t(), x, seed=seed, paths=paths, out_dtype=out_dtype,
-                         backend=config.backend, lowrank=lowrank)
+                         backend=config.backend, lowrank=strategy.lowrank)
     return hot.dgrad(a.full, b.full, per_token=strategy is Strategy.HOT_INT4_TOKEN, seed=seed, paths=paths,
                      out_dtype=out_dtype, backend=config.backend)
 
