@@ -575,8 +575,10 @@ def test_float8_peer_converts_every_block_linear_but_not_the_lm_head_and_trains(
     """torchao runs float8 training on a CPU too (torch._scaled_mm), so the peer's steps run here."""
     from torchao.float8.float8_linear import Float8Linear
 
-    cfg = TrainConfig(**{**SMALL, "recipe": peer, "steps": 3, "eval_interval": 0})
-    trainer = Trainer(cfg, 512, RandomTokenBatches(512, 64, 4, seed=3), device="cpu", progress=False)
+    # One sequence of 16 tokens a step: torch._scaled_mm on a CPU takes time in proportion to the
+    # tokens, and 16 is a multiple of 16, as it requires of a GEMM's dimensions on a GPU.
+    cfg = TrainConfig(**{**SMALL, "recipe": peer, "steps": 3, "eval_interval": 0, "batch_size": 1, "seq_len": 16})
+    trainer = Trainer(cfg, 512, RandomTokenBatches(512, 16, 1, seed=3), device="cpu", progress=False)
     assert trainer.peer == "torchao" and trainer.recipe is None and trainer.calibration_windows() == []
     reference = adahop.harness.model.Llama(trainer.model_config)
     block_linears = {n for n, m in reference.named_modules() if type(m) is torch.nn.Linear and n != "lm_head"}
@@ -615,8 +617,10 @@ def test_throughput_records_mark_the_torchao_peer_and_its_version(profile, tmp_p
     import torchao
 
     results = tmp_path / "t.json"
+    # 16 tokens a step (as in the test above): the float8 steps' CPU GEMMs take time in proportion to them.
     load_script().main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "256",
                         "--recipe", "bf16,float8-rowwise", "--untimed-steps", "1", "--steps", "2",
+                        "--batch-size", "1", "--seq-len", "16",
                         "--results", str(results), "--device", "cpu", "--no-progress"])
     doc = read_results(results)
     assert [(r["recipe"], r["peer"]) for r in doc["records"]] == [("bf16", None), ("float8-rowwise", "torchao")]
