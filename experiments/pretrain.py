@@ -252,13 +252,13 @@ PROFILE_STEPS = 3
 # and CUDA-graph recording steps (replays allocate nothing); a pickled event with its Python stack
 # takes a few KB.
 SNAPSHOT_ENTRIES = 20_000
+BUSY_STEPS = 5
 
 
 def dump_memory_snapshot(directory: Path, model: str, recipe: str) -> None:
     """Write what the allocator recorded to ``directory/memory_<model>_<recipe>.pickle``; stop recording."""
     torch.cuda.memory._dump_snapshot(str(directory / f"memory_{model}_{recipe}.pickle"))
     torch.cuda.memory._record_memory_history(enabled=None)
-BUSY_STEPS = 5
 
 
 def busy_split(intervals: Iterable[tuple[float, float]], wall_s: float) -> dict[str, float]:
