@@ -18,10 +18,11 @@ the per-value work. The quantize kernel has no rare path of its own (bad blocks 
 
 ``--steps`` compiles the layer's three quantize steps (X, W, dY: ``STEPS``) at every autotuner
 config that fits them, register caps included, and adds the local-memory (spill) instructions
-to each count; the first config listed per step is the one the H100 sweep chose. ``--lines STEP``
-breaks that config's instructions down by kernel source line (nvdisasm's line table): where the
-instructions a value go. Static counts track the Nsight Compute figures of
-``results/microbench/gpu/profile_quantize_16384x8192_h100.txt`` to within a few percent.
+and the ALU pipe's share (``ALU_PIPE``) to each count; the first config listed per step is the
+one the H100 sweep chose. ``--lines STEP`` breaks that config's instructions down by kernel
+source line (nvdisasm's line table): where the instructions a value go. Static counts track the
+Nsight Compute figures of ``results/microbench/gpu/profile_quantize_16384x8192_h100.txt`` to
+within a few percent.
 """
 
 from __future__ import annotations
@@ -127,6 +128,16 @@ STEPS = {
            (128, 128, 16, 64)),
 }
 SPILLS = ("LDL", "STL")
+# The opcodes Hopper issues to its ALU pipe (integer and logic, compares, selects, float min/max,
+# packing conversions), which takes a warp's instruction in two cycles: half the issue rate. Nsight
+# Compute found this pipe the busiest in the quantize steps (57-69% of cycles, issue 61-68%), so
+# twice this count a value is the steps' other bound besides the total.
+ALU_PIPE = re.compile(r"^(LOP3|LOP|PLOP3|IADD3|ISETP|FSETP|HSETP2|FMNMX|IMNMX|VIMNMX3?|HMNMX2|SEL|FSEL|SHF|PRMT|"
+                      r"LEA|IABS|P2R|R2P|F2FP|SGXT|BMSK)$")
+
+
+def alu_pipe(ops: collections.Counter) -> int:
+    return sum(n for op, n in ops.items() if ALU_PIPE.match(op))
 
 
 def step_configs(flags: dict, tuned: tuple) -> list[tuple[int, int, int, int | None]]:
@@ -143,9 +154,10 @@ def print_steps() -> None:
             sass, regs = compile_sass(hq._hadamard_quantize_kernel, quantize_args(block_m=bm, block_k=bk, **flags), warps, cap)
             ops = opcodes(sass)
             per_value = sum(ops.values()) * warps / (bm * bk)
+            alu = alu_pipe(ops) * warps / (bm * bk)
             mark = " (tuned)" if (bm, bk, warps, cap) == tuned else ""
-            print(f"{name:3s} {bm}x{bk}, {warps} warps, cap {cap}{mark}: {per_value:.3f} warp-instr/value, {regs} regs, "
-                  f"{sum(ops[o] for o in SPILLS)} spill instructions")
+            print(f"{name:3s} {bm}x{bk}, {warps} warps, cap {cap}{mark}: {per_value:.3f} warp-instr/value "
+                  f"(ALU pipe {alu:.3f}), {regs} regs, {sum(ops[o] for o in SPILLS)} spill instructions")
 
 
 def print_lines(name: str, top: int = 30) -> None:
