@@ -83,6 +83,18 @@ run to run (W 0.77x, then 2.07x). The tricks that stay: the rounding by one add 
 magic number, a float block max that keeps NaN, eight codes a 32-bit word with the "-0" nibbles
 cleared by a SWAR mask, E4M3 bytes from the GPU's conversion, and H's columns permuted so each MMA
 lane holds consecutive outputs (no data moves before the packing).
+
+Which pipe binds: the same profile has the ALU pipe (integer and logic, compares, selects, float
+min/max, packing conversions; a warp instruction takes it two cycles) the busiest, at 58-69% of the
+cycles with the issue slots 61-68% busy, so the ALU share of the instructions (about half; ``ALU
+pipe`` in ``scripts/sass_count.py --steps``) is what a change must cut. What did not work: the RNE
+FP8 operand's clamp, power of two and conversion in f16x2 (a symmetric clamp is one
+``min.xorsign.abs``; two values an instruction), 1.27 to 1.16 warp-instructions a value for the W
+step by the static count, wrote wrong bytes on an H100 (12 FP8 tests failed,
+``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
+its inline instances took four consecutive registers of a thread as four consecutive columns, an
+order the Hadamard product's layout does not keep; taking the columns by ``tl.split`` instead moves
+values between lanes (shuffles and selects: 1.35 a value).
 """
 
 from __future__ import annotations
@@ -248,104 +260,6 @@ def _pow2(e, SAFE: tl.constexpr):
 
 
 @triton.jit
-def _quads(v):
-    """``v (NB, 32)`` as four ``(NB, 8)`` tensors: element j of the k-th is column 4j + k. Splits of
-    each thread's own registers (the columns of an MX block stay in one lane), so that an inline
-    instance sees four consecutive values of one block whatever the layout."""
-    a, b = tl.split(tl.reshape(v, (v.shape[0], 16, 2)))
-    a0, a1 = tl.split(tl.reshape(a, (v.shape[0], 8, 2)))
-    b0, b1 = tl.split(tl.reshape(b, (v.shape[0], 8, 2)))
-    return a0, b0, a1, b1
-
-
-@triton.jit
-def _e4m3_bytes(v, p_exp):
-    """E4M3 bytes of ``clamp(v, ±6) · 2^p_exp`` (``v (NB, 32)``: E2M1 values or ±8, ``p_exp (NB,)``
-    at most 6). GPU only: two values an instruction in f16x2, the clamp one ``min.xorsign.abs``
-    (|·| capped at 6, the sign kept), then the power of two and the conversion, where fp32 takes a
-    min, a max and a multiply a value. Exact: the products from 2^-14 up are fp16 normals with two
-    significant bits; where p_exp is below -14 it is taken as -14 (so the power of two is a
-    normal), and every product of either lies below 2^-10, rounding to an E4M3 zero of its sign.
-
-    An instance takes four consecutive registers of a thread and the first one's power of two: the
-    caller's layout must keep four consecutive columns of a block in a lane, as the Hadamard
-    product's does (a lane holds HS/4 ≥ 4 consecutive outputs). Splitting the columns explicitly
-    instead moved values between lanes (shuffles and selects: 1.35 instructions a value against
-    1.17 for the W step, ``scripts/sass_count.py``)."""
-    p16 = tl.broadcast_to((tl.maximum(p_exp, -14) * 0x04000400 + 0x3C003C00)[:, None], v.shape)  # fp16 2^p, twice
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 a, b, six;
-        .reg .b16 lo, hi;
-        mov.b32 six, 0x46004600;
-        cvt.rn.f16x2.f32 a, $2, $1;
-        cvt.rn.f16x2.f32 b, $4, $3;
-        min.xorsign.abs.f16x2 a, a, six;
-        min.xorsign.abs.f16x2 b, b, six;
-        mul.rn.f16x2 a, a, $5;
-        mul.rn.f16x2 b, b, $5;
-        cvt.rn.satfinite.e4m3x2.f16x2 lo, a;
-        cvt.rn.satfinite.e4m3x2.f16x2 hi, b;
-        mov.b32 $0, {lo, hi};
-        }""",
-        "=r,r,r,r,r,r,r,r,r", [v, p16], dtype=tl.uint8, is_pure=True, pack=4)
-
-
-@triton.jit
-def _e2m1_words(v):
-    """Packed E2M1 codes ``(NB, 4)`` int32 of ``v (NB, 32)`` (E2M1 values or ±8; +0 where a value
-    rounded to zero, so no "-0"): element 2i in the low nibble of byte i. GPU only: in f16x2 pairs,
-    clamped by one ``min.xorsign.abs``, times 2^-14 and converted to E5M2, where each value is exact
-    and its byte's bits 3..1 are the code of its magnitude (0.5 is E5M2's subnormal 2^-15, 1 its
-    smallest normal, 1.5 to 6 follow with one mantissa bit) and bit 7 its sign; two shifts and a
-    mask make each byte a nibble, and a byte permute packs them: about 4 instructions a value,
-    where the integer path (which the interpreter runs) takes about 8."""
-    q0, q1, q2, q3 = _quads(v)
-    # Eight values a word: columns 8i..8i+7 are quads' elements 2i and 2i + 1.
-    e0, e4 = tl.split(tl.reshape(q0, (v.shape[0], 4, 2)))
-    e1, e5 = tl.split(tl.reshape(q1, (v.shape[0], 4, 2)))
-    e2, e6 = tl.split(tl.reshape(q2, (v.shape[0], 4, 2)))
-    e3, e7 = tl.split(tl.reshape(q3, (v.shape[0], 4, 2)))
-    return tl.inline_asm_elementwise(
-        """{
-        .reg .b32 p0, p1, p2, p3, six, k, x, y, t;
-        .reg .b16 h0, h1, h2, h3;
-        mov.b32 six, 0x46004600;
-        mov.b32 k, 0x04000400;
-        cvt.rn.f16x2.f32 p0, $2, $1;
-        cvt.rn.f16x2.f32 p1, $4, $3;
-        cvt.rn.f16x2.f32 p2, $6, $5;
-        cvt.rn.f16x2.f32 p3, $8, $7;
-        min.xorsign.abs.f16x2 p0, p0, six;
-        min.xorsign.abs.f16x2 p1, p1, six;
-        min.xorsign.abs.f16x2 p2, p2, six;
-        min.xorsign.abs.f16x2 p3, p3, six;
-        mul.rn.f16x2 p0, p0, k;
-        mul.rn.f16x2 p1, p1, k;
-        mul.rn.f16x2 p2, p2, k;
-        mul.rn.f16x2 p3, p3, k;
-        cvt.rn.satfinite.e5m2x2.f16x2 h0, p0;
-        cvt.rn.satfinite.e5m2x2.f16x2 h1, p1;
-        cvt.rn.satfinite.e5m2x2.f16x2 h2, p2;
-        cvt.rn.satfinite.e5m2x2.f16x2 h3, p3;
-        mov.b32 x, {h0, h1};
-        mov.b32 y, {h2, h3};
-        shr.b32 t, x, 4;
-        shr.b32 x, x, 1;
-        lop3.b32 x, x, t, 0x0F0F0F0F, 0xA8;
-        shr.b32 t, x, 4;
-        or.b32 x, x, t;
-        shr.b32 t, y, 4;
-        shr.b32 y, y, 1;
-        lop3.b32 y, y, t, 0x0F0F0F0F, 0xA8;
-        shr.b32 t, y, 4;
-        or.b32 y, y, t;
-        prmt.b32 $0, x, y, 0x6420;
-        }""",
-        "=r,r,r,r,r,r,r,r,r", [e0, e1, e2, e3, e4, e5, e6, e7], dtype=tl.int32, is_pure=True, pack=1)
-
-
-@triton.jit
 def _load_tile(x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols, BR: tl.constexpr, BC: tl.constexpr):
     """The ``(BR, BC)`` tile at (row0, col0) of the ``(n_rows, n_cols)`` operand with strides
     ``(stride_r, stride_c)``, padded with 0."""
@@ -461,26 +375,22 @@ def _quantize_store(
         magic = tl.maximum(q_exp + 0x0B400000, 0x3F800000 + 0x0B400000)
 
     if PACKED:
-        if _GPU_ONLY and not SR and not SAFE:
-            mf = magic.to(tl.float32, bitcast=True)
-            words = _e2m1_words((q + mf) - mf)
+        # The code: steps kept, plus the binade's first code (2^0, 2^1, 2^2 start at 0, 2, 4); 7 is
+        # 6.0 (saturation). The sign bit goes on every code here; a "-0" is cleared per word below.
+        if SR:
+            code = fl.to(tl.int32) - 1 + (e_bits >> 22) - 254
         else:
-            # The code: steps kept, plus the binade's first code (2^0, 2^1, 2^2 start at 0, 2, 4); 7 is
-            # 6.0 (saturation). The sign bit goes on every code here; a "-0" is cleared per word below.
-            if SR:
-                code = fl.to(tl.int32) - 1 + (e_bits >> 22) - 254
-            else:
-                # The integer difference of the bit patterns is the number of steps; the binade's
-                # exponent is magic's less 45 (0x0B400000 = 45 << 22).
-                code = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (magic >> 22) - 299
-            code = tl.minimum(code, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
-            # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
-            lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
-            w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
-            w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
-            words = w_lo | (w_hi << 16)
-            # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
-            words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
+            # The integer difference of the bit patterns is the number of steps; the binade's exponent
+            # is magic's less 45 (0x0B400000 = 45 << 22).
+            code = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (magic >> 22) - 299
+        code = tl.minimum(code, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
+        # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+        lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
+        w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
+        w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
+        words = w_lo | (w_hi << 16)
+        # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
+        words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
         if SAFE:
             words = tl.where(bad[:, None], 0, words)
             scale_byte = tl.where(bad, 255, scale)
@@ -517,22 +427,17 @@ def _quantize_store(
             v = fl * step - step
         else:
             mf = magic.to(tl.float32, bitcast=True)
-            v = (q + mf) - mf  # the E2M1 value, or ±8 where it saturates
-        if _GPU_ONLY and HADAMARD and not SR and not SAFE:
-            f8 = _e4m3_bytes(v, p_exp)
-        else:
-            if not SR:
-                v = tl.minimum(tl.maximum(v, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
-            # Blocks more than 14 binades below R (an all-zero block is one) lie below E4M3's
-            # subnormal step 2^-9. The GPU's conversion rounds them to it, ties to even, as the
-            # reference does; the interpreter's does not round, so there they are rounded here first.
-            if not _GPU_ONLY:
-                if tl.min(tl.where(bad, 0, t_off)) < 0:
-                    sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)  # 1.5 · 2^14: a step of 2^-9
-                    v = tl.where((t_off < 0)[:, None], (sub | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True), v)
-            f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-            if SAFE:  # a NaN block is E4M3 NaN, as in the reference
-                f8 = tl.where(bad[:, None], 0x7F, f8)
+            v = tl.minimum(tl.maximum((q + mf) - mf, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
+        # Blocks more than 14 binades below R (an all-zero block is one) lie below E4M3's subnormal
+        # step 2^-9. The GPU's conversion rounds them to it, ties to even, as the reference does; the
+        # interpreter's does not round, so there they are rounded here first.
+        if not _GPU_ONLY:
+            if tl.min(tl.where(bad, 0, t_off)) < 0:
+                sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)  # 1.5 · 2^14: a step of 2^-9
+                v = tl.where((t_off < 0)[:, None], (sub | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True), v)
+        f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        if SAFE:  # a NaN block is E4M3 NaN, as in the reference
+            f8 = tl.where(bad[:, None], 0x7F, f8)
         tl.store(fp8_ptr + (rows * n_cols + cblk * 32)[:, None] + tl.arange(0, 32)[None, :], f8, mask=ok[:, None])
         g = col0 // 128 + tl.arange(0, BC // 128)
         if FP8 == 1:
