@@ -94,7 +94,7 @@ step by the static count, wrote wrong bytes on an H100 (12 FP8 tests failed,
 ``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
 its inline instances took four consecutive registers of a thread as four consecutive columns, an
 order the Hadamard product's layout does not keep; taking the columns by ``tl.split`` instead moves
-values between lanes (shuffles and selects: 1.35 a value).
+values between lanes (shuffles and selects: 1.35 warp-instructions a value for W).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ STEPS = {
 SPILLS = ("LDL", "STL")
 # The opcodes Hopper issues to its ALU pipe (integer and logic, compares, selects, float min/max,
 # packing conversions), which takes a warp's instruction in two cycles: half the issue rate. Nsight
-# Compute found this pipe the busiest in the quantize steps (57-69% of cycles, issue 61-68%), so
+# Compute found this pipe the busiest in the quantize steps (58-69% of cycles, issue 61-68%), so
 # twice this count a value is the steps' other bound besides the total.
 ALU_PIPE = re.compile(r"^(LOP3|LOP|PLOP3|IADD3|ISETP|FSETP|HSETP2|FMNMX|IMNMX|VIMNMX3?|HMNMX2|SEL|FSEL|SHF|PRMT|"
                       r"LEA|IABS|P2R|R2P|F2FP|SGXT|BMSK)$")
