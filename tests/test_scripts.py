@@ -116,3 +116,16 @@ def test_sass_count_steps_are_tuned_configs_of_the_autotuner():
         assert len(set(listed)) == len(listed) and set(listed) <= configs
         # tile128 (W) needs 128-row tiles: no config below that is listed for it.
         assert name != "W" or all(bm % 128 == 0 and bk % 128 == 0 for bm, bk, _, _ in listed)
+
+
+def test_sass_count_alu_pipe_counts_integer_logic_and_min_max_not_fma_or_memory():
+    import collections
+
+    sass_count = load("sass_count")
+    sass = "\n".join(f"        /*{i:04x}*/                   {op} R1, R2, R3 ;" for i, op in enumerate(
+        ["LOP3.LUT", "FMNMX", "VIMNMX", "@P0 SEL", "F2FP.SATFINITE.E4M3.F32.PACK_AB", "FFMA", "IMAD", "FADD", "STG.E",
+         "SHFL.BFLY", "HGMMA.64x32x16.F32.BF16"]))
+    ops = sass_count.opcodes(sass)
+    assert sum(ops.values()) == 11
+    assert sass_count.alu_pipe(ops) == 5
+    assert sass_count.alu_pipe(collections.Counter({"FFMA": 3, "HMUL2": 2})) == 0
