@@ -87,14 +87,12 @@ lane holds consecutive outputs (no data moves before the packing).
 Which pipe binds: the same profile has the ALU pipe (integer and logic, compares, selects, float
 min/max, packing conversions; a warp instruction takes it two cycles) the busiest, at 58-69% of the
 cycles with the issue slots 61-68% busy, so the ALU share of the instructions (about half; ``ALU
-pipe`` in ``scripts/sass_count.py --steps``) is what a change must cut. What did not work: the RNE
-FP8 operand's clamp, power of two and conversion in f16x2 (a symmetric clamp is one
-``min.xorsign.abs``; two values an instruction), 1.27 to 1.16 warp-instructions a value for the W
-step by the static count, wrote wrong bytes on an H100 (12 FP8 tests failed,
-``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
-its inline instances took four consecutive registers of a thread as four consecutive columns, an
-order the Hadamard product's layout does not keep; taking the columns by ``tl.split`` instead moves
-values between lanes (shuffles and selects: 1.35 a value).
+pipe`` in ``scripts/sass_count.py --steps``) is what a change must cut. Hence the f16x2 tails of
+the RNE path (:func:`_e4m3_pairs`, :func:`_e2m1_words`): by the static count 1.41 to 1.32
+warp-instructions a value for the X step and 1.27 to 1.17 for W, the ALU pipe's share 14% less.
+A first FP8 tail took four registers of a thread as four columns and wrote wrong bytes on an H100
+(``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
+the accumulator layout alternates rows r and r + 8 every second register.
 """
 
 from __future__ import annotations
@@ -257,6 +255,30 @@ def _pow2(e, SAFE: tl.constexpr):
     if SAFE:
         return exp2_int(e)
     return (e * 0x00800000 + 0x3F800000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _e4m3_pairs(v, p_exp):
+    """E4M3 bytes of ``clamp(v, ±6) · 2^p_exp`` (``v (NB, 32)``: E2M1 values or ±8, ``p_exp (NB,)`` at
+    most 6). GPU only, for the Hadamard product's layout: an instance takes two consecutive
+    registers of a thread, which there are two adjacent columns of one row (an MMA accumulator's
+    pair, whose columns H's permutation keeps adjacent), and its own power of two; four registers
+    are not four columns (rows r and r + 8 alternate). In f16x2: the clamp is one
+    ``min.xorsign.abs`` (|·| capped at 6, the sign kept), then the power of two and the conversion,
+    where fp32 takes a min, a max and a multiply a value. Exact: the products from 2^-14 up are fp16
+    normals with two significant bits; where p_exp is below -14 it is taken as -14 (the power of two
+    stays a normal), and every product of either lies below 2^-10, an E4M3 zero of its sign."""
+    p16 = tl.broadcast_to((tl.maximum(p_exp, -14) * 0x04000400 + 0x3C003C00)[:, None], v.shape)  # fp16 2^p, twice
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 a, six;
+        mov.b32 six, 0x46004600;
+        cvt.rn.f16x2.f32 a, $2, $1;
+        min.xorsign.abs.f16x2 a, a, six;
+        mul.rn.f16x2 a, a, $3;
+        cvt.rn.satfinite.e4m3x2.f16x2 $0, a;
+        }""",
+        "=h,r,r,r,r", [v, p16], dtype=tl.uint8, is_pure=True, pack=2)
 
 
 @triton.jit
@@ -489,7 +511,9 @@ def _quantize_store(
             v = fl * step - step
         else:
             mf = magic.to(tl.float32, bitcast=True)
-            v = tl.minimum(tl.maximum((q + mf) - mf, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
+            v = (q + mf) - mf
+            if not (_GPU_ONLY and HADAMARD and not SAFE):
+                v = tl.minimum(tl.maximum(v, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
         # Blocks more than 14 binades below R (an all-zero block is one) lie below E4M3's subnormal
         # step 2^-9. The GPU's conversion rounds them to it, ties to even, as the reference does; the
         # interpreter's does not round, so there they are rounded here first.
@@ -497,7 +521,10 @@ def _quantize_store(
             if tl.min(tl.where(bad, 0, t_off)) < 0:
                 sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)  # 1.5 · 2^14: a step of 2^-9
                 v = tl.where((t_off < 0)[:, None], (sub | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True), v)
-        f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        if _GPU_ONLY and HADAMARD and not SR and not SAFE:
+            f8 = _e4m3_pairs(v, p_exp)
+        else:
+            f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
         if SAFE:  # a NaN block is E4M3 NaN, as in the reference
             f8 = tl.where(bad[:, None], 0x7F, f8)
         tl.store(fp8_ptr + (rows * n_cols + cblk * 32)[:, None] + tl.arange(0, 32)[None, :], f8, mask=ok[:, None])
