@@ -87,14 +87,12 @@ lane holds consecutive outputs (no data moves before the packing).
 Which pipe binds: the same profile has the ALU pipe (integer and logic, compares, selects, float
 min/max, packing conversions; a warp instruction takes it two cycles) the busiest, at 58-69% of the
 cycles with the issue slots 61-68% busy, so the ALU share of the instructions (about half; ``ALU
-pipe`` in ``scripts/sass_count.py --steps``) is what a change must cut. What did not work: the RNE
-FP8 operand's clamp, power of two and conversion in f16x2 (a symmetric clamp is one
-``min.xorsign.abs``; two values an instruction), 1.27 to 1.16 warp-instructions a value for the W
-step by the static count, wrote wrong bytes on an H100 (12 FP8 tests failed,
-``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
-its inline instances took four consecutive registers of a thread as four consecutive columns, an
-order the Hadamard product's layout does not keep; taking the columns by ``tl.split`` instead moves
-values between lanes (shuffles and selects: 1.35 warp-instructions a value for W).
+pipe`` in ``scripts/sass_count.py --steps``) is what a change must cut. Hence the f16x2 tails of
+the RNE path (:func:`_e4m3_pairs`, :func:`_e2m1_words`): by the static count 1.41 to 1.32
+warp-instructions a value for the X step and 1.27 to 1.17 for W, the ALU pipe's share 14% less.
+A first FP8 tail took four registers of a thread as four columns and wrote wrong bytes on an H100
+(``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
+the accumulator layout alternates rows r and r + 8 every second register.
 """
 
 from __future__ import annotations
@@ -260,6 +258,88 @@ def _pow2(e, SAFE: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_pairs(v, p_exp):
+    """E4M3 bytes of ``clamp(v, ±6) · 2^p_exp`` (``v (NB, 32)``: E2M1 values or ±8, ``p_exp (NB,)`` at
+    most 6). GPU only, for the Hadamard product's layout: an instance takes two consecutive
+    registers of a thread, which there are two adjacent columns of one row (an MMA accumulator's
+    pair, whose columns H's permutation keeps adjacent), and its own power of two; four registers
+    are not four columns (rows r and r + 8 alternate). In f16x2: the clamp is one
+    ``min.xorsign.abs`` (|·| capped at 6, the sign kept), then the power of two and the conversion,
+    where fp32 takes a min, a max and a multiply a value. Exact: the products from 2^-14 up are fp16
+    normals with two significant bits; where p_exp is below -14 it is taken as -14 (the power of two
+    stays a normal), and every product of either lies below 2^-10, an E4M3 zero of its sign."""
+    p16 = tl.broadcast_to((tl.maximum(p_exp, -14) * 0x04000400 + 0x3C003C00)[:, None], v.shape)  # fp16 2^p, twice
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 a, six;
+        mov.b32 six, 0x46004600;
+        cvt.rn.f16x2.f32 a, $2, $1;
+        min.xorsign.abs.f16x2 a, a, six;
+        mul.rn.f16x2 a, a, $3;
+        cvt.rn.satfinite.e4m3x2.f16x2 $0, a;
+        }""",
+        "=h,r,r,r,r", [v, p16], dtype=tl.uint8, is_pure=True, pack=2)
+
+
+@triton.jit
+def _e2m1_words(v):
+    """Packed E2M1 codes ``(NB, 4)`` int32 of ``v (NB, 32)`` (E2M1 values or ±8; +0 where a value
+    rounded to zero, so no "-0"): element 2i in the low nibble of byte i. GPU only: in f16x2 pairs,
+    clamped by one ``min.xorsign.abs``, times 2^-14 and converted to E5M2, where each value is exact
+    and its byte's bits 3..1 are the code of its magnitude (0.5 is E5M2's subnormal 2^-15, 1 its
+    smallest normal, 1.5 to 6 follow with one mantissa bit) and bit 7 its sign; two shifts and a
+    mask make each byte a nibble, and a byte permute packs them: about 4 instructions a value,
+    where the integer path (which the interpreter runs) takes about 8."""
+    # ek: column 8i + k of the block, for word i. Splits, not the registers' order: the Hadamard
+    # product's layout does not hold a lane's columns in register order (an FP8 variant that took
+    # four registers as four columns wrote wrong bytes on an H100).
+    a, b = tl.split(tl.reshape(v, (v.shape[0], 16, 2)))
+    a0, a1 = tl.split(tl.reshape(a, (v.shape[0], 8, 2)))
+    b0, b1 = tl.split(tl.reshape(b, (v.shape[0], 8, 2)))
+    e0, e4 = tl.split(tl.reshape(a0, (v.shape[0], 4, 2)))
+    e2, e6 = tl.split(tl.reshape(a1, (v.shape[0], 4, 2)))
+    e1, e5 = tl.split(tl.reshape(b0, (v.shape[0], 4, 2)))
+    e3, e7 = tl.split(tl.reshape(b1, (v.shape[0], 4, 2)))
+    return tl.inline_asm_elementwise(
+        """{
+        .reg .b32 p0, p1, p2, p3, six, k, x, y, t;
+        .reg .b16 h0, h1, h2, h3;
+        mov.b32 six, 0x46004600;
+        mov.b32 k, 0x04000400;
+        cvt.rn.f16x2.f32 p0, $2, $1;
+        cvt.rn.f16x2.f32 p1, $4, $3;
+        cvt.rn.f16x2.f32 p2, $6, $5;
+        cvt.rn.f16x2.f32 p3, $8, $7;
+        min.xorsign.abs.f16x2 p0, p0, six;
+        min.xorsign.abs.f16x2 p1, p1, six;
+        min.xorsign.abs.f16x2 p2, p2, six;
+        min.xorsign.abs.f16x2 p3, p3, six;
+        mul.rn.f16x2 p0, p0, k;
+        mul.rn.f16x2 p1, p1, k;
+        mul.rn.f16x2 p2, p2, k;
+        mul.rn.f16x2 p3, p3, k;
+        cvt.rn.satfinite.e5m2x2.f16x2 h0, p0;
+        cvt.rn.satfinite.e5m2x2.f16x2 h1, p1;
+        cvt.rn.satfinite.e5m2x2.f16x2 h2, p2;
+        cvt.rn.satfinite.e5m2x2.f16x2 h3, p3;
+        mov.b32 x, {h0, h1};
+        mov.b32 y, {h2, h3};
+        shr.b32 t, x, 4;
+        shr.b32 x, x, 1;
+        lop3.b32 x, x, t, 0x0F0F0F0F, 0xA8;
+        shr.b32 t, x, 4;
+        or.b32 x, x, t;
+        shr.b32 t, y, 4;
+        shr.b32 y, y, 1;
+        lop3.b32 y, y, t, 0x0F0F0F0F, 0xA8;
+        shr.b32 t, y, 4;
+        or.b32 y, y, t;
+        prmt.b32 $0, x, y, 0x6420;
+        }""",
+        "=r,r,r,r,r,r,r,r,r", [e0, e1, e2, e3, e4, e5, e6, e7], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
 def _load_tile(x_ptr, stride_r, stride_c, row0, col0, n_rows, n_cols, BR: tl.constexpr, BC: tl.constexpr):
     """The ``(BR, BC)`` tile at (row0, col0) of the ``(n_rows, n_cols)`` operand with strides
     ``(stride_r, stride_c)``, padded with 0."""
@@ -375,22 +455,26 @@ def _quantize_store(
         magic = tl.maximum(q_exp + 0x0B400000, 0x3F800000 + 0x0B400000)
 
     if PACKED:
-        # The code: steps kept, plus the binade's first code (2^0, 2^1, 2^2 start at 0, 2, 4); 7 is
-        # 6.0 (saturation). The sign bit goes on every code here; a "-0" is cleared per word below.
-        if SR:
-            code = fl.to(tl.int32) - 1 + (e_bits >> 22) - 254
+        if _GPU_ONLY and not SR and not SAFE:
+            mf = magic.to(tl.float32, bitcast=True)
+            words = _e2m1_words((q + mf) - mf)
         else:
-            # The integer difference of the bit patterns is the number of steps; the binade's exponent
-            # is magic's less 45 (0x0B400000 = 45 << 22).
-            code = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (magic >> 22) - 299
-        code = tl.minimum(code, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
-        # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
-        lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
-        w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
-        w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
-        words = w_lo | (w_hi << 16)
-        # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
-        words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
+            # The code: steps kept, plus the binade's first code (2^0, 2^1, 2^2 start at 0, 2, 4); 7 is
+            # 6.0 (saturation). The sign bit goes on every code here; a "-0" is cleared per word below.
+            if SR:
+                code = fl.to(tl.int32) - 1 + (e_bits >> 22) - 254
+            else:
+                # The integer difference of the bit patterns is the number of steps; the binade's
+                # exponent is magic's less 45 (0x0B400000 = 45 << 22).
+                code = (tl.abs(q) + magic.to(tl.float32, bitcast=True)).to(tl.int32, bitcast=True) - magic + (magic >> 22) - 299
+            code = tl.minimum(code, 7) | ((s.to(tl.int32, bitcast=True) >> 28) & 8)
+            # Eight codes a 32-bit word, element 2i in the low nibble of byte i (little-endian words).
+            lo, hi = tl.split(tl.reshape(code, (NB, 16, 2)))
+            w_lo, w_hi = tl.split(tl.reshape(lo | (hi << 4), (NB, 8, 2)))
+            w_lo, w_hi = tl.split(tl.reshape(w_lo | (w_hi << 8), (NB, 4, 2)))
+            words = w_lo | (w_hi << 16)
+            # Per nibble: bit 3 of (low 3 bits + 7) says "magnitude > 0"; keep the sign bit only there.
+            words = words & (((words & 0x77777777) + 0x77777777) | 0x77777777)
         if SAFE:
             words = tl.where(bad[:, None], 0, words)
             scale_byte = tl.where(bad, 255, scale)
@@ -427,7 +511,9 @@ def _quantize_store(
             v = fl * step - step
         else:
             mf = magic.to(tl.float32, bitcast=True)
-            v = tl.minimum(tl.maximum((q + mf) - mf, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
+            v = (q + mf) - mf
+            if not (_GPU_ONLY and HADAMARD and not SAFE):
+                v = tl.minimum(tl.maximum(v, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
         # Blocks more than 14 binades below R (an all-zero block is one) lie below E4M3's subnormal
         # step 2^-9. The GPU's conversion rounds them to it, ties to even, as the reference does; the
         # interpreter's does not round, so there they are rounded here first.
@@ -435,7 +521,10 @@ def _quantize_store(
             if tl.min(tl.where(bad, 0, t_off)) < 0:
                 sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)  # 1.5 · 2^14: a step of 2^-9
                 v = tl.where((t_off < 0)[:, None], (sub | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True), v)
-        f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        if _GPU_ONLY and HADAMARD and not SR and not SAFE:
+            f8 = _e4m3_pairs(v, p_exp)
+        else:
+            f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
         if SAFE:  # a NaN block is E4M3 NaN, as in the reference
             f8 = tl.where(bad[:, None], 0x7F, f8)
         tl.store(fp8_ptr + (rows * n_cols + cblk * 32)[:, None] + tl.arange(0, 32)[None, :], f8, mask=ok[:, None])
