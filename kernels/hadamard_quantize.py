@@ -88,11 +88,15 @@ Which pipe binds: the same profile has the ALU pipe (integer and logic, compares
 min/max, packing conversions; a warp instruction takes it two cycles) the busiest, at 58-69% of the
 cycles with the issue slots 61-68% busy, so the ALU share of the instructions (about half; ``ALU
 pipe`` in ``scripts/sass_count.py --steps``) is what a change must cut. Hence the f16x2 tails of
-the RNE path (:func:`_e4m3_pairs`, :func:`_e2m1_words`): by the static count 1.41 to 1.32
-warp-instructions a value for the X step and 1.27 to 1.17 for W, the ALU pipe's share 14% less.
-A first FP8 tail took four registers of a thread as four columns and wrote wrong bytes on an H100
-(``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json`` in ``results/kernel_tests/gpu/history/``):
-the accumulator layout alternates rows r and r + 8 every second register.
+the RNE path (:func:`_e4m3_pairs`, :func:`_e2m1_words`; by the static count 1.41 to 1.32
+warp-instructions a value for the X step and 1.27 to 1.17 for W): against the kernel before them
+in the same process on an H100, three runs, the same bytes out (``quantize-ab-e5m2-pairs.json``,
+``-rerun2``, ``-rerun3``), the median ratio at 16384×8192, 16384×4096 and 65536×768 was
+X 1.07-1.13x, W 1.04-1.05x and the SR step, which they do not touch, 1.00-1.00x; at 16384×2048
+the runs disagree (X 1.02x to 1.85x). A first FP8 tail took four registers of a thread as four
+columns and wrote wrong bytes on an H100 (``kernels-hadamard-quantize-f16x2-2026-12-06-h100.json``
+in ``results/kernel_tests/gpu/history/``): the accumulator layout alternates rows r and r + 8
+every second register, so the tail takes pairs.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from it follows from them."""
 from __future__ import annotations
 
 import json
+import statistics
 import re
 from pathlib import Path
 
@@ -160,3 +161,27 @@ def test_design_and_docstring_instruction_ab_ratios_are_the_results_files():
     kernel = prose(KERNEL)
     assert f"sped the SR step (dY) {min(dy):.2f}-{max(dy):.2f}x on an H100" in kernel
     assert f"with X and W at {min(xw):.2f}-{max(xw):.2f}x" in kernel and f"(W {w_short})" in kernel
+
+
+def test_docstring_f16x2_tail_ab_ratios_are_the_results_files():
+    """The A/B of the f16x2 RNE tails, three runs: per step the median ratio at each of the three
+    longer shapes, their range; at the shortest shape X's range over the runs; every run wrote the
+    same bytes as the kernel before."""
+    runs = [json.loads((ROOT / "results" / "microbench" / "gpu" / f"quantize-ab-e5m2-pairs{suffix}.json")
+                       .read_text())["records"] for suffix in ("", "-rerun2", "-rerun3")]
+    assert all(recs and all(r["same_bytes"] for r in recs) for recs in runs)
+    by_test: dict[str, list[float]] = {}
+    for recs in runs:
+        for r in recs:
+            by_test.setdefault(r["test"], []).append(r["ratio_to_peers"]["baseline"])
+    assert all(len(v) == len(runs) for v in by_test.values()), "every run times every step and shape"
+    longer = ("llama3.2-1b-mlp-16k", "llama3-8b-hidden-16k", "ours-125m-hidden-64k")
+    spans = []
+    for step, name in (("X", "X-forward"), ("W", "W"), ("the SR step, which they do not touch,", "dY-backward-sr")):
+        medians = [statistics.median(by_test[f"{name}[{shape}]"]) for shape in longer]
+        spans.append(f"{step} {min(medians):.2f}-{max(medians):.2f}x")
+    text = ", ".join(spans[:-1]) + f" and {spans[-1]}"
+    short = by_test["X-forward[llama3.2-1b-hidden-16k]"]
+    kernel = prose(KERNEL)
+    assert f"was {text};" in kernel, f"{KERNEL.name} does not say {text!r}"
+    assert f"(X {min(short):.2f}x to {max(short):.2f}x)" in kernel
