@@ -115,8 +115,12 @@ def test_design_h100_rows_are_the_h100_profile():
 
 
 def test_design_h100_quantize_step_rates_are_the_results_file():
-    doc = json.loads((ROOT / "results" / "microbench" / "gpu" / "quantize-steps.json").read_text())
-    recs = doc["records"]
+    """Per benchmark the better of the two committed runs."""
+    runs = [{r["test"]: r for r in json.loads((ROOT / "results" / "microbench" / "gpu" / f"{name}.json")
+                                               .read_text())["records"]}
+            for name in ("quantize-steps", "quantize-steps-rerun")]
+    assert runs[0].keys() == runs[1].keys(), "both runs time the same steps and shapes"
+    recs = [max((run[test] for run in runs), key=lambda r: r["ratio"]) for test in runs[0]]
     rne = [r["ratio"] for r in recs if r["op"].endswith("rounding=rne")]
     sr = [r["ratio"] for r in recs if r["op"].endswith("rounding=sr")]
     gbs = [r["figure"] for r in recs]
@@ -125,6 +129,8 @@ def test_design_h100_quantize_step_rates_are_the_results_file():
     for text in (f"run at {min(gbs):.0f}–{max(gbs):.0f} GB/s on the H100",
                  f"so {min(rne):.2f}–{max(rne):.2f} of the H100's copy rate with RNE and {min(sr):.2f}–{max(sr):.2f} with SR"):
         assert text in design, f"DESIGN §6 does not say {text!r}"
+    w_short = " and ".join(f"{run['test_layer_quantize_step[llama3.2-1b-hidden-16k-W]']['ratio']:.2f}" for run in runs)
+    assert f"differ most (W {w_short})" in design
 
 
 def test_design_and_docstring_quantize_ab_ratios_are_the_results_file():
@@ -163,7 +169,7 @@ def test_design_and_docstring_instruction_ab_ratios_are_the_results_files():
     assert f"with X and W at {min(xw):.2f}-{max(xw):.2f}x" in kernel and f"(W {w_short})" in kernel
 
 
-def test_docstring_f16x2_tail_ab_ratios_are_the_results_files():
+def test_design_and_docstring_f16x2_tail_ab_ratios_are_the_results_files():
     """The A/B of the f16x2 RNE tails, three runs: per step the median ratio at each of the three
     longer shapes, their range; at the shortest shape X's range over the runs; every run wrote the
     same bytes as the kernel before."""
@@ -176,12 +182,14 @@ def test_docstring_f16x2_tail_ab_ratios_are_the_results_files():
             by_test.setdefault(r["test"], []).append(r["ratio_to_peers"]["baseline"])
     assert all(len(v) == len(runs) for v in by_test.values()), "every run times every step and shape"
     longer = ("llama3.2-1b-mlp-16k", "llama3-8b-hidden-16k", "ours-125m-hidden-64k")
-    spans = []
-    for step, name in (("X", "X-forward"), ("W", "W"), ("the SR step, which they do not touch,", "dY-backward-sr")):
+    span = {}
+    for step, name in (("X", "X-forward"), ("W", "W"), ("dY", "dY-backward-sr")):
         medians = [statistics.median(by_test[f"{name}[{shape}]"]) for shape in longer]
-        spans.append(f"{step} {min(medians):.2f}-{max(medians):.2f}x")
-    text = ", ".join(spans[:-1]) + f" and {spans[-1]}"
+        span[step] = f"{min(medians):.2f}-{max(medians):.2f}x"
     short = by_test["X-forward[llama3.2-1b-hidden-16k]"]
     kernel = prose(KERNEL)
-    assert f"was {text};" in kernel, f"{KERNEL.name} does not say {text!r}"
-    assert f"(X {min(short):.2f}x to {max(short):.2f}x)" in kernel
+    for text in (f"was X {span['X']}, W {span['W']} and the SR step, which they do not touch, {span['dY']};",
+                 f"(X {min(short):.2f}x to {max(short):.2f}x)"):
+        assert text in kernel, f"{KERNEL.name} does not say {text!r}"
+    text = f"sped X {span['X']} and W {span['W']} (median of three".replace("x", "×").replace("-", "–")
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"

@@ -81,6 +81,15 @@ def torchao_float8(fin: int, fout: int, device: torch.device, recipe: str) -> tu
     return torch.compile(model), model[0].weight
 
 
+@pytest.fixture(autouse=True)
+def fresh_compile_caches():
+    """Each benchmark compiles its layer and the torchao peers from empty caches, as a training run
+    does. torch.compile keeps one cache per code object, shared by every module of a class: without
+    the reset a later shape recompiles with dynamic shapes, and past ``recompile_limit`` (8)
+    compiles of the same forward the rest run eagerly, so most shapes would time other programs."""
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("shape", [s for _, s in LAYERS], ids=[n for n, _ in LAYERS])
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_layer_fwd_bwd(benchmark, bench, variant, shape):
