@@ -405,9 +405,14 @@ def layer_section(res: Results) -> list[str]:
         cells[f"{shape} {tuple(r['shape'])}"][variant] = " / ".join(
             times(peers[p]) for p in ("nn.Linear-bf16", "torchao-float8-rowwise") if p in peers)
     rows = [[shape, *(by.get(v, "") for v in variants)] for shape, by in cells.items()]
-    return table(["layer (tokens, in, out)", *variants], rows) + [
-        "", "Each cell: speed-up of one forward + backward over `nn.Linear` bf16 / over torchao float8 rowwise "
-        "(compiled), both timed in the same run.", "", source(doc)]
+    notes = ["", "Each cell: speed-up of one forward + backward over `nn.Linear` bf16 / over torchao float8 rowwise "
+             "(compiled), both timed in the same run."]
+    if any("compile_caches" not in r for r in doc["records"]):
+        notes += ["", "Measured before each benchmark compiled from empty torch.compile caches: torch.compile keeps "
+                  "the graphs of one forward together and, past eight, runs it eagerly, so after the first eight "
+                  "quantized layers and the first eight torchao layers of the run (its order: every shape of a "
+                  "variant, variant by variant) the timings are eager ones."]
+    return table(["layer (tokens, in, out)", *variants], rows) + [*notes, "", source(doc)]
 
 
 def measured_by_recipe(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

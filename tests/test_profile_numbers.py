@@ -193,3 +193,15 @@ def test_design_and_docstring_f16x2_tail_ab_ratios_are_the_results_files():
         assert text in kernel, f"{KERNEL.name} does not say {text!r}"
     text = f"sped X {span['X']} and W {span['W']} (median of three".replace("x", "×").replace("-", "–")
     assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+
+def test_design_layer_ratios_are_the_h100_layer_file():
+    recs = json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-h100.json").read_text())["records"]
+    order = ("q/o", "gate/up", "down")
+    by = {r["test"].split("llama3-8b-")[1].rstrip("]"): r["ratio_to_peers"] for r in recs}
+    assert set(by) == set(order), f"layers-iht-h100.json: shapes {sorted(by)}"
+    listing = {peer: listed([f"{by[s][peer]:.2f}×" for s in order])
+               for peer in ("nn.Linear-bf16", "torchao-float8-tensorwise")}
+    text = (f"{listing['nn.Linear-bf16']} `nn.Linear` bf16 at the Llama-3 8B q/o, gate/up and down shapes, "
+            f"and {listing['torchao-float8-tensorwise']} torchao float8 tensorwise")
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"

@@ -150,3 +150,17 @@ def test_a_recipe_out_of_memory_is_a_row_that_says_where_and_no_ratio(tmp_path):
     e2e = next(line for line in report.readme_block(res).splitlines() if line.startswith("| end to end"))
     ratios = e2e.split(" | ")[3].split("; ")
     assert "1b_compile" in e2e and not any(r.startswith("125m_eager ") for r in ratios)  # no adahop to divide
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_layer_table_says_when_its_benchmarks_shared_compile_caches(tmp_path, fresh):
+    from adahop.harness.provenance import write_results
+    rec = {"test": "test_layer_fwd_bwd[iht-q/o]", "op": "linear fwd+bwd [iht]", "shape": [16, 32, 32],
+           "ratio_to_peers": {"nn.Linear-bf16": 1.5, "torchao-float8-rowwise": 1.1}}
+    if fresh:
+        rec["compile_caches"] = "fresh"
+    path = tmp_path / "results" / "layer_bench" / "gpu" / "layers.json"
+    write_results(path, [rec])
+    text = "\n".join(report.layer_section(report.Results([path], root=tmp_path)))
+    assert "| q/o (16, 32, 32) | 1.50× / 1.10× |" in text
+    assert ("the timings are eager ones" in text) is not fresh

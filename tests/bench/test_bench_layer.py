@@ -121,4 +121,5 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
             "in_features": fin, "out_features": fout,
             "strategies": {k: v.value for k, v in layer.strategies.items()},
             "speedup_vs_bf16": info["ratio_to_peers"]["nn.Linear-bf16"],
+            "compile_caches": "fresh",  # fresh_compile_caches: each benchmark compiled from empty caches
         }
