@@ -26,8 +26,10 @@ each launch as training does (``tuned``). The choice is in the provenance's ``co
 
 ``--budget-s``: pytest is interrupted then (SIGINT, as Ctrl-C) and still reports the tests it
 finished: the file keeps them (not the one it stopped in, nor those after), its provenance says
-``pytest_interrupted_after_s`` and pytest's exit code is 2. Give it a job's time limit less a margin,
-so a slow suite still leaves a record of what ran.
+``pytest_interrupted_by: budget`` and ``pytest_interrupted_after_s``, and pytest's exit code is 2.
+SIGTERM or SIGINT to this script (``timeout``, Ctrl-C) interrupts it the same way
+(``pytest_interrupted_by: SIGTERM``). Give it a job's time limit less a margin, so a slow suite
+still leaves a record of what ran.
 
 Exit status: pytest's (a failing test fails the stage) once the file is written; 1 without any
 test report (pytest could not start, or was killed: nothing is written then).
@@ -103,7 +105,7 @@ def passed_before(files: list[Path], device: dict[str, Any]) -> list[str]:
 
 
 def run_tests(paths: list[str], select: str | None, junit: Path, budget_s: float | None = None,
-              deselect: list[str] = (), configs: str = "first") -> tuple[int, list[str], dict, bool]:
+              deselect: list[str] = (), configs: str = "first") -> tuple[int, list[str], dict, str | None]:
     """pytest over ``paths`` with a junit report (:func:`microbench.run_pytest`), less the
     ``deselect`` node ids; ``configs``: the autotuned kernels' ``$ADAHOP_KERNEL_CONFIG``."""
     args = [*paths, "-q", "-rfEs", "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
@@ -124,13 +126,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "runs every config), or each launch autotuned as in training (a compile per config)")
     p.add_argument("--out", type=Path, required=True, help="results file (e.g. results/kernel_tests/gpu/tests.json)")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another selection")
-    p.add_argument("--budget-s", type=float, help="interrupt pytest after this many seconds, keeping the tests it finished")
+    microbench.add_budget_argument(p, "tests")
     p.add_argument("--skip-passed", type=Path, nargs="+", default=[], metavar="FILE",
                    help="leave out the tests that passed in these results files (of this kind of device)")
-    args = p.parse_args(argv)
-    if args.budget_s is not None and args.budget_s <= 0:
-        p.error(f"--budget-s must be positive, got {args.budget_s:g}")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,10 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.out, records, config=config,
                   overwrite=args.overwrite, extra_provenance={
                       "pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu,
-                      "pytest_interrupted_after_s": args.budget_s if interrupted else None})
+                      **microbench.interruption(interrupted, args.budget_s)})
     counts = Counter(r["outcome"] for r in records)
     print(f"kernel_tests: {len(records)} tests ({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}) "
-          f"-> {args.out} (pytest exit code {rc}{f', interrupted after {args.budget_s:g} s' if interrupted else ''})")
+          f"-> {args.out} (pytest exit code {rc}{f', interrupted: {interrupted}' if interrupted else ''})")
     return rc
 
 

@@ -15,6 +15,10 @@ Profile file, section ``microbench`` (every key optional):
     bench_profile: smoke | gpu     sizes (default: the file's top-level ``profile``)
     select: <pytest -k expression> a subset of the benchmarks (default: all)
 
+``--budget-s N``, SIGTERM or SIGINT: pytest stops at the benchmark it is in and the file keeps
+those that finished; the provenance says what stopped it (``pytest_interrupted_by``: ``budget``,
+``SIGTERM``, ``SIGINT``).
+
 Exit status: 0 once any record was written (benchmarks that failed have no record, and pytest's
 exit code goes into the provenance, so the figures that were measured are kept); else pytest's.
 """
@@ -30,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -81,45 +86,76 @@ def records_from_benchmark_json(doc: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
-               interrupt_after_s: float | None = None) -> tuple[int, list[str], dict, bool]:
+               interrupt_after_s: float | None = None) -> tuple[int, list[str], dict, str | None]:
     """``pytest ARGS`` in a subprocess from the repo root (tests/conftest.py then decides interpreter
     or compiler before Triton is imported), with ``env`` added to the environment; returns pytest's
     exit code, the command, the GPUs' state before and after (:func:`adahop.harness.provenance.gpu_state`,
-    None without nvidia-smi) for the provenance, and whether it was interrupted.
+    None without nvidia-smi) for the provenance, and what interrupted it: ``"budget"``, the name of
+    the signal this process got (``SIGTERM``, ``SIGINT``), or None.
 
-    ``interrupt_after_s``: then pytest gets SIGINT, which it handles like Ctrl-C: it stops at the
-    test it is in and still writes its reports (``--junitxml``, ``--benchmark-json``) of the tests
-    done, exit code 2 (interrupted); a pytest still running 60 s later is killed."""
+    An interruption reaches pytest as one SIGINT, which it handles like Ctrl-C: it stops at the test
+    it is in and still writes its reports (``--junitxml``, ``--benchmark-json``) of the tests done,
+    exit code 2. It comes after ``interrupt_after_s``, or when this process gets SIGTERM (a job's
+    time limit, ``timeout``) or SIGINT: pytest runs in its own session, so such a signal reaches it
+    only through here, once. A pytest still running 60 s later, or a second signal, kills it."""
     cmd = [sys.executable, "-m", "pytest", *args]
     print(f"{stage}:", " ".join(cmd), *(f"({k}={v})" for k, v in (env or {}).items()), flush=True)
     before = gpu_state()
     # SIGINT back to its default in the child: a background job of a non-interactive shell (a batch
     # scheduler's) starts with it ignored, and pytest would then never see the interrupt.
-    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})},
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env={**os.environ, **(env or {})}, start_new_session=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    interrupted = False
-    try:
-        rc = proc.wait(timeout=interrupt_after_s)
-    except subprocess.TimeoutExpired:
-        interrupted = True
-        print(f"{stage}: {interrupt_after_s:g} s spent: interrupting pytest, which reports the tests done so far",
-              flush=True)
-        proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+    interrupted: list[tuple[str, float]] = []  # (what, when)
+
+    def interrupt(reason: str) -> None:
+        if interrupted:
             proc.kill()
-            rc = proc.wait()
-    return rc, cmd, {"before": before, "after": gpu_state()}, interrupted
+            return
+        interrupted.append((reason, time.monotonic()))
+        print(f"{stage}: {reason}: interrupting pytest, which reports the tests done so far", flush=True)
+        proc.send_signal(signal.SIGINT)
+
+    handlers = {sig: signal.signal(sig, lambda signum, _: interrupt(signal.Signals(signum).name))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    deadline = None if interrupt_after_s is None else time.monotonic() + interrupt_after_s
+    try:
+        while (rc := proc.poll()) is None:
+            if interrupted and time.monotonic() > interrupted[0][1] + 60:
+                proc.kill()
+            elif not interrupted and deadline is not None and time.monotonic() > deadline:
+                interrupt("budget")
+            time.sleep(0.2)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    return rc, cmd, {"before": before, "after": gpu_state()}, (interrupted[0][0] if interrupted else None)
 
 
-def run_benchmarks(bench_profile: str, select: str | None, json_path: Path) -> tuple[int, list[str], dict]:
-    """Run the suite in a subprocess (:func:`run_pytest`)."""
+def run_benchmarks(stage: str, bench_profile: str, select: str | None, json_path: Path,
+                   budget_s: float | None = None) -> tuple[int, list[str], dict, str | None]:
+    """Run the suite in a subprocess (:func:`run_pytest`), interrupted after ``budget_s``."""
     args = [BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
     if select:
         args += ["-k", select]
-    rc, cmd, gpu, _ = run_pytest("microbench", args, {"ADAHOP_BENCH_PROFILE": bench_profile})  # never interrupted
-    return rc, cmd, gpu
+    return run_pytest(stage, args, {"ADAHOP_BENCH_PROFILE": bench_profile}, interrupt_after_s=budget_s)
+
+
+def positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
+def add_budget_argument(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--budget-s", type=positive_seconds,
+                   help=f"interrupt pytest after this many seconds (a job's time limit less a margin), keeping the {what} it finished")
+
+
+def interruption(interrupted: str | None, budget_s: float | None) -> dict[str, Any]:
+    """The provenance's account of an interrupted pytest (:func:`run_pytest`)."""
+    return {"pytest_interrupted_by": interrupted,
+            "pytest_interrupted_after_s": budget_s if interrupted == "budget" else None}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -129,6 +165,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--select", help="pytest -k expression; overrides the config file")
     p.add_argument("--out", type=Path, help="results file (default results/microbench/<device-slug>.json)")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
+    add_budget_argument(p, "benchmarks")
     return p.parse_args(argv)
 
 
@@ -146,12 +183,12 @@ def bench_settings(args: argparse.Namespace, stage: str) -> tuple[str, str | Non
     return bench_profile, args.select if args.select is not None else section.get("select")
 
 
-def exit_status(stage: str, rc: int, n_records: int) -> int:
-    """0 once records were written, even if some benchmarks failed (their exit code is in the
-    provenance): a failing job would make Snakemake delete the figures that were measured."""
+def exit_status(stage: str, rc: int, n_records: int, interrupted: str | None = None) -> int:
+    """0 once records were written, even if some benchmarks failed or pytest was interrupted (both
+    are in the provenance): a failing job would make Snakemake delete the figures that were measured."""
     if rc and n_records:
-        print(f"{stage}: some benchmarks failed (pytest exit code {rc}); the {n_records} measured are kept",
-              file=sys.stderr)
+        why = f"interrupted ({interrupted})" if interrupted else "some benchmarks failed"
+        print(f"{stage}: {why}, pytest exit code {rc}; the {n_records} measured are kept", file=sys.stderr)
         return 0
     return rc if rc else (0 if n_records else 1)
 
@@ -163,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu = run_benchmarks(bench_profile, select, json_path)
+        rc, cmd, gpu, interrupted = run_benchmarks("microbench", bench_profile, select, json_path, args.budget_s)
         if not json_path.exists():
             print(f"microbench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
@@ -175,9 +212,11 @@ def main(argv: list[str] | None = None) -> int:
         "pytest_exit_code": rc,
         "pytest_benchmark_version": doc.get("version"),
         "gpu_state": gpu,
+        **interruption(interrupted, args.budget_s),
     })
-    print(f"microbench: {len(records)} records -> {out} (pytest exit code {rc})")
-    return exit_status("microbench", rc, len(records))
+    print(f"microbench: {len(records)} records -> {out} (pytest exit code {rc}"
+          f"{f', interrupted: {interrupted}' if interrupted else ''})")
+    return exit_status("microbench", rc, len(records), interrupted)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import textwrap
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 
@@ -92,7 +93,8 @@ def test_node_id_of_a_junit_testcase(attrs, expected):
     assert kernel_tests.node_id(ET.Element("testcase", attrs)) == expected
 
 
-def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
+def slow_tests(tmp_path: Path) -> Path:
+    """A test file whose second test outlasts any budget or time limit of these tests."""
     tests = tmp_path / "test_slow.py"
     tests.write_text(textwrap.dedent("""
         import time
@@ -106,6 +108,11 @@ def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
         def test_never():
             pass
     """))
+    return tests
+
+
+def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
+    tests = slow_tests(tmp_path)
     out = tmp_path / "tests.json"
     # as a batch job starts it: a background job of a non-interactive shell, SIGINT ignored
     done = subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"), str(tests),
@@ -116,6 +123,20 @@ def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
     # the test it stopped in is left out (pytest reports it as a nameless testcase), as are those after
     assert [(r["test"].split("::")[-1], r["outcome"]) for r in doc["records"]] == [("test_fast", "passed")]
     assert doc["provenance"]["pytest_interrupted_after_s"] == 10 and doc["provenance"]["pytest_exit_code"] == 2
+    assert doc["provenance"]["pytest_interrupted_by"] == "budget"
+
+
+def test_a_time_limits_sigterm_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
+    """``timeout`` as a job's time limit: SIGTERM to the stage (and its process group) at 10 s."""
+    tests = slow_tests(tmp_path)
+    out = tmp_path / "tests.json"
+    done = subprocess.run(["timeout", "-s", "TERM", "10", sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"),
+                           str(tests), "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=100)
+    assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-2000:]  # timeout's: the limit was hit
+    doc = json.loads(out.read_text())
+    assert [(r["test"].split("::")[-1], r["outcome"]) for r in doc["records"]] == [("test_fast", "passed")]
+    prov = doc["provenance"]
+    assert (prov["pytest_interrupted_by"], prov["pytest_interrupted_after_s"], prov["pytest_exit_code"]) == ("SIGTERM", None, 2)
 
 
 def test_a_budget_must_be_positive(tmp_path):

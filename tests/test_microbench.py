@@ -75,3 +75,16 @@ def test_smoke_run_writes_results(tmp_path):
 )
 def test_exit_status_keeps_measured_records(rc, n_records, expected):
     assert microbench.exit_status("microbench", rc, n_records) == expected
+
+
+@pytest.mark.parametrize("budget", ["0", "-5", "nan"])
+def test_a_budget_must_be_a_positive_number_of_seconds(budget, capsys):
+    with pytest.raises(SystemExit):
+        microbench.parse_args(["--budget-s", budget])
+    assert "argument --budget-s: must be a positive number of seconds" in capsys.readouterr().err
+
+
+def test_an_interruption_is_told_apart_in_the_provenance():
+    assert microbench.interruption(None, 30.0) == {"pytest_interrupted_by": None, "pytest_interrupted_after_s": None}
+    assert microbench.interruption("budget", 30.0)["pytest_interrupted_after_s"] == 30.0
+    assert microbench.interruption("SIGTERM", 30.0) == {"pytest_interrupted_by": "SIGTERM", "pytest_interrupted_after_s": None}
