@@ -129,3 +129,40 @@ def test_sass_count_alu_pipe_counts_integer_logic_and_min_max_not_fma_or_memory(
     assert sum(ops.values()) == 11
     assert sass_count.alu_pipe(ops) == 5
     assert sass_count.alu_pipe(collections.Counter({"FFMA": 3, "HMUL2": 2})) == 0
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("nvjet_sm90_qqtst_128x128_128x6_1x2_h_bz_coopA_algo2_Ablk128_Bvec128_TNN", "gemm"),
+    ("_hadamard_quantize_kernel", "quantize"), ("_redo_kernel", "quantize"), ("adahop::quantize", "quantize"),
+    ("_fp8_group_kernel", "re-encode"),
+    ("triton_poi_fused__to_copy_quantize_9", "copy"), ("Memcpy DtoD (Device -> Device)", "copy"),
+    ("aten::mm", "gemm"), ("aten::_scaled_mm", "gemm"),
+    ("triton_poi_fused___rshift___add_bitwise_and_bitwise_xor_mul_quantize_silu_silu_backward", "other"),
+    ("cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16", "other"),
+])
+def test_profile_layer_sorts_kernels_into_kinds(name, expected):
+    """Names as the committed GPU profiles (results/throughput/gpu/profiles/) and a CPU profile show them."""
+    assert load("profile_layer").kind(name) == expected
+
+
+@pytest.mark.parametrize("text,match", [("4096x4096", "must be TOKENSxINxOUT"), ("256x100x256", "positive multiples of 128")])
+def test_profile_layer_refuses_a_bad_shape(text, match):
+    with pytest.raises(argparse.ArgumentTypeError, match=match):
+        load("profile_layer").parse_shape(text)
+
+
+def test_profile_layer_writes_each_layers_time_by_kind(tmp_path):
+    import json
+
+    out = tmp_path / "profile.json"
+    assert load("profile_layer").main(["--shape", "256x256x256", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["provenance"]["config"]["times"] == "operator self CPU time"
+    by_layer = {}
+    for r in doc["records"]:
+        by_layer.setdefault(r["layer"], []).append(r)
+        assert r["us_per_step"] == pytest.approx(sum(k["us_per_step"] for k in r["kernels"]))
+    assert set(by_layer) == {"uniform-iht", "nn.Linear-bf16"}
+    for recs in by_layer.values():
+        assert sum(r["share"] for r in recs) == pytest.approx(1.0)
+    assert {"quantize", "gemm"} <= {r["kind"] for r in by_layer["uniform-iht"]}

@@ -1,0 +1,158 @@
+"""Where one linear layer's forward + backward spends its device time, by kernel and by kind of
+kernel, beside ``nn.Linear`` bf16 and torchao float8 tensorwise: what is left between the
+layer's speed and its peers'.
+
+    python scripts/profile_layer.py --shape 16384x4096x4096 --out results/layer_bench/gpu/profile-llama3-8b-q-o.json
+    python scripts/profile_layer.py --shape 256x256x512 --out /tmp/profile.json      # a CPU: operators, not kernels
+
+Each layer is built and compiled as ``tests/bench/test_bench_layer.py`` builds it (the quantized
+layer and torchao's compiled from empty caches; ``nn.Linear`` eager), runs ``--warmup``
+forward + backward passes (compilation, autotuning), then ``--steps`` under ``torch.profiler``.
+One record per (layer, kind): ``gemm`` (cuBLAS and CUTLASS GEMMs, the Triton GEMM), ``quantize``
+(the Hadamard + quantize kernel and its redo of rare blocks), ``re-encode`` (packed MXFP4 to FP8),
+``copy`` (dtype and layout copies), ``other``; its microseconds a step, its share of the layer's
+device time, and its kernels with their calls and microseconds a step. On a GPU the times are the
+kernels' device times; on a CPU, where there are no kernels, the operators' own CPU times, which
+show the same passes at a small scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+import adahop
+from adahop.harness.provenance import write_results
+
+# First match wins: the order keeps the quantize kernels out of "copy" (their Inductor neighbours
+# are named after every op they fuse).
+KINDS = (
+    ("quantize", re.compile(r"^_hadamard_quantize|^_redo_kernel|adahop::quantize")),
+    ("re-encode", re.compile(r"^_fp8_group|adahop::.*fp8")),
+    ("gemm", re.compile(r"nvjet|gemm|cutlass|xmma|_mm_kernel|aten::(mm|addmm|_scaled_mm|_int_mm)$|adahop::.*mm$")),
+    ("copy", re.compile(r"to_copy|Memcpy|copy_kernel|aten::(copy_|_to_copy|clone|contiguous)$")),
+)
+OTHER = "other"
+
+
+def kind(name: str) -> str:
+    return next((k for k, pattern in KINDS if pattern.search(name)), OTHER)
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    try:
+        tokens, fin, fout = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shape must be TOKENSxINxOUT (e.g. 16384x4096x4096), got {text!r}") from None
+    if min(tokens, fin, fout) <= 0 or tokens % 128 or fin % 128 or fout % 128:
+        raise argparse.ArgumentTypeError(f"--shape {text}: tokens, in and out must be positive multiples of 128")
+    return tokens, fin, fout
+
+
+def layers(recipe: str, fin: int, fout: int, device: torch.device) -> dict[str, tuple[nn.Module, nn.Parameter]]:
+    """name -> (callable layer, its weight): the recipe's quantized layer, nn.Linear bf16 and, on
+    CUDA where torchao imports, torchao float8 tensorwise."""
+    linear = nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16)
+    quantized = adahop.convert(nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16), recipe)
+    out = {recipe: (torch.compile(quantized) if device.type == "cuda" else quantized, quantized.weight),
+           "nn.Linear-bf16": (linear, linear.weight)}
+    if device.type == "cuda":
+        try:
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+        except ImportError:
+            return out
+        model = nn.Sequential(nn.Linear(fin, fout, bias=False)).to(device, torch.bfloat16)
+        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+        out["torchao-float8-tensorwise"] = (torch.compile(model), model[0].weight)
+    return out
+
+
+def device_times(prof: profile, on_cuda: bool) -> dict[str, tuple[int, float]]:
+    """Kernel (CUDA) or operator (CPU) name -> (calls, own microseconds in all)."""
+    out = {}
+    for evt in prof.key_averages():
+        if on_cuda:
+            us = getattr(evt, "self_device_time_total", None)
+            us = evt.self_cuda_time_total if us is None else us
+            if evt.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+        else:
+            us = evt.self_cpu_time_total
+        if us > 0:
+            out[evt.key] = (evt.count, float(us))
+    return out
+
+
+def profile_layer(run, steps: int, warmup: int, on_cuda: bool) -> dict[str, tuple[int, float]]:
+    for _ in range(warmup):
+        run()
+    if on_cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            run()
+        if on_cuda:
+            torch.cuda.synchronize()
+    return device_times(prof, on_cuda)
+
+
+def records_of(layer: str, times: dict[str, tuple[int, float]], steps: int) -> list[dict]:
+    """One record per kind of kernel, largest first."""
+    total = sum(us for _, us in times.values()) / steps
+    by_kind: dict[str, list[dict]] = defaultdict(list)
+    for name, (calls, us) in times.items():
+        by_kind[kind(name)].append({"name": name, "calls_per_step": calls / steps, "us_per_step": us / steps})
+    records = []
+    for k, kernels in by_kind.items():
+        us = sum(r["us_per_step"] for r in kernels)
+        records.append({"layer": layer, "kind": k, "us_per_step": us, "share": us / total,
+                        "layer_us_per_step": total,
+                        "kernels": sorted(kernels, key=lambda r: -r["us_per_step"])})
+    return sorted(records, key=lambda r: -r["us_per_step"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shape", type=parse_shape, required=True, help="TOKENSxINxOUT of the layer")
+    p.add_argument("--recipe", default="uniform-iht", help="the quantized layer's recipe (default uniform-iht: fixed IHT)")
+    p.add_argument("--steps", type=int, default=10, help="profiled forward + backward passes")
+    p.add_argument("--warmup", type=int, default=5, help="untimed passes before (compilation, autotuning)")
+    p.add_argument("--out", type=Path, required=True, help="results file")
+    p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
+    args = p.parse_args(argv)
+    if args.recipe not in adahop.RECIPES:
+        p.error(f"--recipe: unknown {args.recipe!r}; known: {sorted(adahop.RECIPES)}")
+    if args.steps < 1 or args.warmup < 1:
+        p.error(f"--steps and --warmup must be at least 1, got {args.steps} and {args.warmup}")
+    on_cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if on_cuda else "cpu")
+    tokens, fin, fout = args.shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(tokens, fin, device=device, generator=gen).to(torch.bfloat16).requires_grad_()
+    gy = torch.randn(tokens, fout, device=device, generator=gen).to(torch.bfloat16)
+    records = []
+    for name, (layer, weight) in layers(args.recipe, fin, fout, device).items():
+        torch._dynamo.reset()  # each layer compiled from empty caches, as tests/bench/test_bench_layer.py does
+        times = profile_layer(lambda: torch.autograd.grad(layer(x), (x, weight), gy), args.steps, args.warmup, on_cuda)
+        records += records_of(name, times, args.steps)
+    config = {"shape": list(args.shape), "recipe": args.recipe, "steps": args.steps, "warmup": args.warmup,
+              "times": "kernel device time" if on_cuda else "operator self CPU time"}
+    write_results(args.out, records, config=config, device=device, overwrite=args.overwrite)
+    for name in dict.fromkeys(r["layer"] for r in records):
+        mine = [r for r in records if r["layer"] == name]
+        print(f"{name}: {mine[0]['layer_us_per_step']:.0f} us a step: "
+              + ", ".join(f"{r['kind']} {r['us_per_step']:.0f} ({r['share']:.0%})" for r in mine))
+    print(f"profile_layer: {len(records)} records -> {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
