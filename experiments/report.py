@@ -390,10 +390,12 @@ def kernels_section(res: Results) -> list[str]:
     return table(["kernel", "shapes", "figure", "÷ same-run ceiling", "÷ same-run peers"], rows) + ["", source(doc)]
 
 
-def layer_section(res: Results) -> list[str]:
-    doc = res.get("layer_bench", "layers")
-    if doc is None:
-        return ["No linear-layer results in this profile."]
+LAYER_PEERS = ("nn.Linear-bf16", "torchao-float8-rowwise", "torchao-float8-tensorwise")
+
+
+def layer_table(doc: dict[str, Any]) -> list[str]:
+    """One layer-benchmark file: a row per shape, a column per variant, each cell the speed-ups over
+    the same-run peers the file has."""
     cells: dict[str, dict[str, str]] = defaultdict(dict)
     variants: list[str] = []
     for r in doc["records"]:
@@ -402,17 +404,31 @@ def layer_section(res: Results) -> list[str]:
         if variant not in variants:
             variants.append(variant)
         peers = r.get("ratio_to_peers", {})
-        cells[f"{shape} {tuple(r['shape'])}"][variant] = " / ".join(
-            times(peers[p]) for p in ("nn.Linear-bf16", "torchao-float8-rowwise") if p in peers)
+        cells[f"{shape} {tuple(r['shape'])}"][variant] = " / ".join(times(peers[p]) for p in LAYER_PEERS if p in peers)
     rows = [[shape, *(by.get(v, "") for v in variants)] for shape, by in cells.items()]
-    notes = ["", "Each cell: speed-up of one forward + backward over `nn.Linear` bf16 / over torchao float8 rowwise "
-             "(compiled), both timed in the same run."]
-    if any("compile_caches" not in r for r in doc["records"]):
+    present = [p for p in LAYER_PEERS if any(p in r.get("ratio_to_peers", {}) for r in doc["records"])]
+    names = {"nn.Linear-bf16": "`nn.Linear` bf16", "torchao-float8-rowwise": "torchao float8 rowwise (compiled)",
+             "torchao-float8-tensorwise": "torchao float8 tensorwise (compiled)"}
+    notes = ["", f"Each cell: speed-up of one forward + backward over {' / over '.join(names[p] for p in present)}, "
+             f"all timed in the same run on {device(doc)}."]
+    # torch.compile's limit: eight compiles of one forward, one per benchmark without fresh caches
+    if len(doc["records"]) > 8 and any("compile_caches" not in r for r in doc["records"]):
         notes += ["", "Measured before each benchmark compiled from empty torch.compile caches: torch.compile keeps "
                   "the graphs of one forward together and, past eight, runs it eagerly, so after the first eight "
                   "quantized layers and the first eight torchao layers of the run (its order: every shape of a "
                   "variant, variant by variant) the timings are eager ones."]
     return table(["layer (tokens, in, out)", *variants], rows) + [*notes, "", source(doc)]
+
+
+def layer_section(res: Results) -> list[str]:
+    """Every layer-benchmark file of the profile, ``layers`` (every variant) first."""
+    docs = res.stage("layer_bench")
+    if not docs:
+        return ["No linear-layer results in this profile."]
+    out: list[str] = []
+    for name in sorted(docs, key=lambda n: (n != "layers", n)):
+        out += [*([""] if out else []), f"`{name}`:", "", *layer_table(docs[name])]
+    return out
 
 
 def measured_by_recipe(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:

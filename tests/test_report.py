@@ -152,15 +152,20 @@ def test_a_recipe_out_of_memory_is_a_row_that_says_where_and_no_ratio(tmp_path):
     assert "1b_compile" in e2e and not any(r.startswith("125m_eager ") for r in ratios)  # no adahop to divide
 
 
-@pytest.mark.parametrize("fresh", [True, False])
-def test_layer_table_says_when_its_benchmarks_shared_compile_caches(tmp_path, fresh):
+@pytest.mark.parametrize("fresh,n_shapes,eager", [(True, 9, False), (False, 9, True), (False, 8, False)],
+                         ids=["fresh-caches", "shared-caches-past-the-limit", "shared-caches-within-it"])
+def test_layer_table_says_when_its_benchmarks_ran_eagerly(tmp_path, fresh, n_shapes, eager):
     from adahop.harness.provenance import write_results
-    rec = {"test": "test_layer_fwd_bwd[iht-q/o]", "op": "linear fwd+bwd [iht]", "shape": [16, 32, 32],
-           "ratio_to_peers": {"nn.Linear-bf16": 1.5, "torchao-float8-rowwise": 1.1}}
-    if fresh:
-        rec["compile_caches"] = "fresh"
-    path = tmp_path / "results" / "layer_bench" / "gpu" / "layers.json"
-    write_results(path, [rec])
-    text = "\n".join(report.layer_section(report.Results([path], root=tmp_path)))
-    assert "| q/o (16, 32, 32) | 1.50× / 1.10× |" in text
-    assert ("the timings are eager ones" in text) is not fresh
+    recs = [{"test": f"test_layer_fwd_bwd[iht-s{i}]", "op": "linear fwd+bwd [iht]", "shape": [16, 32, 32 * (i + 1)],
+             "ratio_to_peers": {"nn.Linear-bf16": 1.5, "torchao-float8-rowwise": 1.1},
+             **({"compile_caches": "fresh"} if fresh else {})} for i in range(n_shapes)]
+    layers = tmp_path / "results" / "layer_bench" / "gpu" / "layers.json"
+    other = layers.with_name("layers-more.json")
+    write_results(layers, recs)
+    write_results(other, [{**recs[0], "ratio_to_peers": {"nn.Linear-bf16": 0.5, "torchao-float8-tensorwise": 0.25}}])
+    text = "\n".join(report.layer_section(report.Results([other, layers], root=tmp_path)))
+    # every file, the every-variant one first, each cell its same-run peers
+    assert text.index("`layers`:") < text.index("`layers-more`:")
+    assert "| s0 (16, 32, 32) | 1.50× / 1.10× |" in text and "| s0 (16, 32, 32) | 0.50× / 0.25× |" in text
+    assert "over `nn.Linear` bf16 / over torchao float8 tensorwise (compiled)" in text
+    assert text.count("the timings are eager ones") == eager
