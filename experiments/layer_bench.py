@@ -12,6 +12,7 @@ measured in the same run, the ratios to them (``speedup_vs_bf16``), the GEMM pat
 Profile file, section ``layer_bench`` (every key optional):
     bench_profile: smoke | gpu     sizes (default: the file's top-level ``profile``)
     select: <pytest -k expression> a subset, e.g. "iht and q/o" (default: all)
+    budget_s: <seconds> as --budget-s (default: none)
 
 Interruption (``--budget-s N``, SIGTERM, SIGINT) and exit status: as experiments/microbench.py (the
 benchmarks that finished are kept; 0 once any record was written; pytest's code in the provenance).
@@ -51,11 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
     microbench.add_budget_argument(p, "benchmarks")
     args = p.parse_args(argv)
-    bench_profile, select = microbench.bench_settings(args, "layer_bench")
+    bench_profile, select, budget_s = microbench.bench_settings(args, "layer_bench")
     expr = f"{TEST} and ({select})" if select else TEST
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu, interrupted = microbench.run_benchmarks("layer_bench", bench_profile, expr, json_path, args.budget_s)
+        rc, cmd, gpu, interrupted = microbench.run_benchmarks("layer_bench", bench_profile, expr, json_path, budget_s)
         if not json_path.exists():
             print(f"layer_bench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     write_results(args.out, recs, config={"bench_profile": bench_profile, "select": select},
                   overwrite=args.overwrite,
                   extra_provenance={"pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu,
-                                    **microbench.interruption(interrupted, args.budget_s)})
+                                    **microbench.interruption(interrupted, budget_s)})
     for r in recs:
         peers = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_to_peers"].items())
         print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "

@@ -14,6 +14,7 @@ seconds of the timer, and pytest-benchmark's own statistics as a cross-check.
 Profile file, section ``microbench`` (every key optional):
     bench_profile: smoke | gpu     sizes (default: the file's top-level ``profile``)
     select: <pytest -k expression> a subset of the benchmarks (default: all)
+    budget_s: <seconds> as --budget-s (default: none)
 
 ``--budget-s N``, SIGTERM or SIGINT: pytest stops at the benchmark it is in and the file keeps
 those that finished; the provenance says what stopped it (``pytest_interrupted_by``: ``budget``,
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import yaml
@@ -169,18 +170,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def bench_settings(args: argparse.Namespace, stage: str) -> tuple[str, str | None]:
-    """(bench profile, pytest -k selection) from the flags, else the profile file's ``stage`` section."""
+class BenchSettings(NamedTuple):
+    bench_profile: str
+    select: str | None
+    budget_s: float | None
+
+
+def bench_settings(args: argparse.Namespace, stage: str) -> BenchSettings:
+    """Bench profile, pytest -k selection and time budget from the flags, else the profile file's
+    ``stage`` section."""
     cfg = yaml.safe_load(args.config.read_text()) if args.config else {}
     section = cfg.get(stage) or {}
-    unknown = set(section) - {"bench_profile", "select"}
+    unknown = set(section) - {"bench_profile", "select", "budget_s"}
     if unknown:
         raise SystemExit(f"{stage}: unknown keys in the profile's {stage} section: {sorted(unknown)}")
     bench_profile = args.profile or section.get("bench_profile") or cfg.get("profile") or (
         "gpu" if torch.cuda.is_available() else "smoke")
     if bench_profile not in PROFILES:
         raise SystemExit(f"{stage}: bench profile must be one of {PROFILES}, got {bench_profile!r}")
-    return bench_profile, args.select if args.select is not None else section.get("select")
+    budget = args.budget_s if args.budget_s is not None else section.get("budget_s")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0):
+        raise SystemExit(f"{stage}: budget_s must be a positive number of seconds or null, got {budget!r}")
+    return BenchSettings(bench_profile, args.select if args.select is not None else section.get("select"),
+                         None if budget is None else float(budget))
 
 
 def exit_status(stage: str, rc: int, n_records: int, interrupted: str | None = None) -> int:
@@ -195,12 +207,12 @@ def exit_status(stage: str, rc: int, n_records: int, interrupted: str | None = N
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    bench_profile, select = bench_settings(args, "microbench")
+    bench_profile, select, budget_s = bench_settings(args, "microbench")
     out = args.out or REPO_ROOT / "results" / "microbench" / f"{device_slug()}.json"
 
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu, interrupted = run_benchmarks("microbench", bench_profile, select, json_path, args.budget_s)
+        rc, cmd, gpu, interrupted = run_benchmarks("microbench", bench_profile, select, json_path, budget_s)
         if not json_path.exists():
             print(f"microbench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
@@ -212,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
         "pytest_exit_code": rc,
         "pytest_benchmark_version": doc.get("version"),
         "gpu_state": gpu,
-        **interruption(interrupted, args.budget_s),
+        **interruption(interrupted, budget_s),
     })
     print(f"microbench: {len(records)} records -> {out} (pytest exit code {rc}"
           f"{f', interrupted: {interrupted}' if interrupted else ''})")

@@ -88,3 +88,22 @@ def test_an_interruption_is_told_apart_in_the_provenance():
     assert microbench.interruption(None, 30.0) == {"pytest_interrupted_by": None, "pytest_interrupted_after_s": None}
     assert microbench.interruption("budget", 30.0)["pytest_interrupted_after_s"] == 30.0
     assert microbench.interruption("SIGTERM", 30.0) == {"pytest_interrupted_by": "SIGTERM", "pytest_interrupted_after_s": None}
+
+
+@pytest.mark.parametrize("section,flag,expected", [
+    ("{budget_s: 600}", [], 600.0), ("{budget_s: null}", [], None), ("{}", [], None),
+    ("{budget_s: 600}", ["--budget-s", "30"], 30.0),
+], ids=["from-the-profile", "null", "absent", "the-flag-wins"])
+def test_the_budget_comes_from_the_flag_else_the_profile(tmp_path, section, flag, expected):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"profile: smoke\nmicrobench: {section}\n")
+    args = microbench.parse_args(["--config", str(cfg), *flag])
+    assert microbench.bench_settings(args, "microbench").budget_s == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "'ten'", "true"])
+def test_a_profiles_budget_must_be_positive_seconds(tmp_path, value):
+    cfg = tmp_path / "p.yaml"
+    cfg.write_text(f"profile: smoke\nmicrobench: {{budget_s: {value}}}\n")
+    with pytest.raises(SystemExit, match="microbench: budget_s must be a positive number of seconds"):
+        microbench.bench_settings(microbench.parse_args(["--config", str(cfg)]), "microbench")
