@@ -68,7 +68,8 @@ def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
 
 @functools.lru_cache(maxsize=None)
 def torchao_float8(fin: int, fout: int, device: torch.device, recipe: str) -> tuple[nn.Module, nn.Parameter] | None:
-    """torchao's float8 training layer (``recipe``: rowwise or tensorwise) compiled once per shape, and its weight.
+    """torchao's float8 training layer (``recipe``: rowwise or tensorwise) under ``torch.compile``, built once
+    per shape, and its weight. Each benchmark compiles it afresh (:func:`fresh_compile_caches`).
 
     The weight comes from the uncompiled module: the compiled wrapper does not support indexing.
     """
