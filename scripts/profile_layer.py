@@ -11,9 +11,12 @@ forward + backward passes (compilation, autotuning), then ``--steps`` under ``to
 One record per (layer, kind): ``gemm`` (cuBLAS and CUTLASS GEMMs, the Triton GEMM), ``quantize``
 (the Hadamard + quantize kernel and its redo of rare blocks), ``re-encode`` (packed MXFP4 to FP8),
 ``copy`` (dtype and layout copies), ``other``; its microseconds a step, its share of the layer's
-device time, and its kernels with their calls and microseconds a step. On a GPU the times are the
-kernels' device times; on a CPU, where there are no kernels, the operators' own CPU times, which
-show the same passes at a small scale.
+device time, and its kernels with their calls and microseconds a step. Each also holds the
+layer's wall time a step, its passes launched back to back without the profiler: where it
+exceeds the device time, the host bounds the layer, and on a GPU a ``host`` record lists the
+host's operators by their own CPU time. On a GPU the times are the kernels' device times; on a
+CPU, where there are no kernels, the operators' own CPU times, which show the same passes at a
+small scale.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -74,49 +78,77 @@ def layers(recipe: str, fin: int, fout: int, device: torch.device) -> dict[str, 
     return out
 
 
-def device_times(prof: profile, on_cuda: bool) -> dict[str, tuple[int, float]]:
-    """Kernel (CUDA) or operator (CPU) name -> (calls, own microseconds in all)."""
+HOST_OPS = 15  # the host record lists this many operators, by own CPU time
+
+
+def own_times(prof: profile, device: bool) -> dict[str, tuple[int, float]]:
+    """Name -> (calls, own microseconds in all): the CUDA kernels (``device``) or the host's
+    operators and Python-level ranges."""
     out = {}
     for evt in prof.key_averages():
-        if on_cuda:
-            us = getattr(evt, "self_device_time_total", None)
-            us = evt.self_cuda_time_total if us is None else us
+        if device:
             if evt.device_type != torch.autograd.DeviceType.CUDA:
                 continue
+            us = getattr(evt, "self_device_time_total", None)
+            us = evt.self_cuda_time_total if us is None else us
         else:
+            if evt.device_type != torch.autograd.DeviceType.CPU:
+                continue
             us = evt.self_cpu_time_total
         if us > 0:
             out[evt.key] = (evt.count, float(us))
     return out
 
 
-def profile_layer(run, steps: int, warmup: int, on_cuda: bool) -> dict[str, tuple[int, float]]:
-    for _ in range(warmup):
-        run()
+def sync(on_cuda: bool) -> None:
     if on_cuda:
         torch.cuda.synchronize()
-    activities = [ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
+
+
+def profile_layer(run, steps: int, warmup: int, on_cuda: bool) -> tuple[float, profile]:
+    """Wall microseconds a step over ``steps`` unprofiled passes (launched back to back, one
+    synchronisation at the end: where it exceeds the device's time, the host bounds the layer),
+    then the profile of ``steps`` more."""
+    for _ in range(warmup):
+        run()
+    sync(on_cuda)
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    sync(on_cuda)
+    wall_us = (time.perf_counter() - start) / steps * 1e6
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_cuda else [ProfilerActivity.CPU]
     with profile(activities=activities) as prof:
         for _ in range(steps):
             run()
-        if on_cuda:
-            torch.cuda.synchronize()
-    return device_times(prof, on_cuda)
+        sync(on_cuda)
+    return wall_us, prof
 
 
-def records_of(layer: str, times: dict[str, tuple[int, float]], steps: int) -> list[dict]:
-    """One record per kind of kernel, largest first."""
+def per_step(times: dict[str, tuple[int, float]], steps: int) -> list[dict]:
+    rows = [{"name": name, "calls_per_step": calls / steps, "us_per_step": us / steps}
+            for name, (calls, us) in times.items()]
+    return sorted(rows, key=lambda r: -r["us_per_step"])
+
+
+def records_of(layer: str, times: dict[str, tuple[int, float]], steps: int, wall_us: float) -> list[dict]:
+    """One record per kind of kernel, largest first: its time a step, its share of the layer's
+    device time, and the layer's device and wall time a step."""
     total = sum(us for _, us in times.values()) / steps
     by_kind: dict[str, list[dict]] = defaultdict(list)
-    for name, (calls, us) in times.items():
-        by_kind[kind(name)].append({"name": name, "calls_per_step": calls / steps, "us_per_step": us / steps})
-    records = []
-    for k, kernels in by_kind.items():
-        us = sum(r["us_per_step"] for r in kernels)
-        records.append({"layer": layer, "kind": k, "us_per_step": us, "share": us / total,
-                        "layer_us_per_step": total,
-                        "kernels": sorted(kernels, key=lambda r: -r["us_per_step"])})
+    for row in per_step(times, steps):
+        by_kind[kind(row["name"])].append(row)
+    records = [{"layer": layer, "kind": k, "us_per_step": sum(r["us_per_step"] for r in kernels),
+                "share": sum(r["us_per_step"] for r in kernels) / total, "layer_us_per_step": total,
+                "wall_us_per_step": wall_us, "kernels": kernels} for k, kernels in by_kind.items()]
     return sorted(records, key=lambda r: -r["us_per_step"])
+
+
+def host_record(layer: str, times: dict[str, tuple[int, float]], steps: int, wall_us: float) -> dict:
+    """The host's side of a GPU layer: its operators' own CPU time a step (the largest listed)."""
+    ops = per_step(times, steps)
+    return {"layer": layer, "kind": "host", "us_per_step": sum(r["us_per_step"] for r in ops),
+            "wall_us_per_step": wall_us, "ops": ops[:HOST_OPS]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,14 +173,19 @@ def main(argv: list[str] | None = None) -> int:
     records = []
     for name, (layer, weight) in layers(args.recipe, fin, fout, device).items():
         torch._dynamo.reset()  # each layer compiled from empty caches, as tests/bench/test_bench_layer.py does
-        times = profile_layer(lambda: torch.autograd.grad(layer(x), (x, weight), gy), args.steps, args.warmup, on_cuda)
-        records += records_of(name, times, args.steps)
+        wall_us, prof = profile_layer(lambda: torch.autograd.grad(layer(x), (x, weight), gy), args.steps, args.warmup,
+                                      on_cuda)
+        records += records_of(name, own_times(prof, device=on_cuda), args.steps, wall_us)
+        if on_cuda:
+            records.append(host_record(name, own_times(prof, device=False), args.steps, wall_us))
     config = {"shape": list(args.shape), "recipe": args.recipe, "steps": args.steps, "warmup": args.warmup,
               "times": "kernel device time" if on_cuda else "operator self CPU time"}
     write_results(args.out, records, config=config, device=device, overwrite=args.overwrite)
     for name in dict.fromkeys(r["layer"] for r in records):
-        mine = [r for r in records if r["layer"] == name]
-        print(f"{name}: {mine[0]['layer_us_per_step']:.0f} us a step: "
+        mine = [r for r in records if r["layer"] == name and r["kind"] != "host"]
+        host = [r for r in records if r["layer"] == name and r["kind"] == "host"]
+        print(f"{name}: wall {mine[0]['wall_us_per_step']:.0f} us a step, device {mine[0]['layer_us_per_step']:.0f}"
+              + (f", host operators {host[0]['us_per_step']:.0f}" if host else "") + ": "
               + ", ".join(f"{r['kind']} {r['us_per_step']:.0f} ({r['share']:.0%})" for r in mine))
     print(f"profile_layer: {len(records)} records -> {args.out}")
     return 0

@@ -166,3 +166,14 @@ def test_profile_layer_writes_each_layers_time_by_kind(tmp_path):
     for recs in by_layer.values():
         assert sum(r["share"] for r in recs) == pytest.approx(1.0)
     assert {"quantize", "gemm"} <= {r["kind"] for r in by_layer["uniform-iht"]}
+    assert all(r["wall_us_per_step"] > 0 for r in doc["records"])
+
+
+def test_profile_layer_host_record_sums_every_operator_and_lists_the_largest():
+    script = load("profile_layer")
+    times = {f"op{i}": (2 * i, 10.0 * i) for i in range(1, script.HOST_OPS + 6)}  # over 2 steps
+    rec = script.host_record("iht", times, 2, 900.0)
+    assert rec["kind"] == "host" and rec["wall_us_per_step"] == 900.0
+    assert rec["us_per_step"] == pytest.approx(sum(us for _, us in times.values()) / 2)
+    assert len(rec["ops"]) == script.HOST_OPS and rec["ops"][0] == {
+        "name": f"op{script.HOST_OPS + 5}", "calls_per_step": script.HOST_OPS + 5, "us_per_step": 5.0 * (script.HOST_OPS + 5)}
