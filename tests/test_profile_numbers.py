@@ -205,3 +205,35 @@ def test_design_layer_ratios_are_the_h100_layer_file():
     text = (f"{listing['nn.Linear-bf16']} `nn.Linear` bf16 at the Llama-3 8B q/o, gate/up and down shapes, "
             f"and {listing['torchao-float8-tensorwise']} torchao float8 tensorwise")
     assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+
+TORCH_UNITS = {"us": 1e-3, "ms": 1.0, "s": 1e3}
+
+
+def kernel_ms_per_step(path: Path) -> dict[str, float]:
+    """A torch.profiler table of training steps (experiments/pretrain.py --profile): kernel name ->
+    its self CUDA milliseconds a step, from the table sorted by self CUDA time."""
+    text = path.read_text()
+    steps = int(re.match(r"(\d+) training steps", text)[1])
+    table = text.split("== sorted by self_cuda_time_total")[1].split("\n==")[0]
+    out = {}
+    for line in table.splitlines():
+        cells = re.split(r"\s{2,}", line.strip())
+        m = re.fullmatch(r"([\d.]+)(us|ms|s)", cells[6]) if len(cells) >= 11 else None
+        if m:
+            out[cells[0]] = float(m[1]) * TORCH_UNITS[m[2]] / steps
+    return out
+
+
+def test_design_3b_step_breakdown_is_the_profiles_and_the_throughput_file():
+    gpu = ROOT / "results" / "throughput" / "gpu"
+    ada, bf16 = (kernel_ms_per_step(gpu / "profiles" / f"profile_3b_cudagraphs_{r}_h100.txt") for r in ("adahop", "bf16"))
+    gemm = [sum(ms for name, ms in p.items() if name.startswith("nvjet")) for p in (ada, bf16)]
+    quant, redo, reencode = (ada[k] for k in ("_hadamard_quantize_kernel", "_redo_kernel", "_fp8_group_kernel"))
+    step = {r["recipe"]: r["step_time_s"] * 1e3 for r in json.loads((gpu / "3b_cudagraphs_h100.json").read_text())["records"]}
+    without = step["adahop"] - quant - redo - reencode
+    text = (f"adahop's GEMMs {gemm[0]:.1f} ms against bf16's {gemm[1]:.1f} ms, its quantize kernel {quant:.1f} ms, the "
+            f"redo of rare blocks {redo:.1f} ms and the FP8 re-encode {reencode:.1f} ms. With those three at zero the timed "
+            f"step, {step['adahop']:.1f} ms against bf16's {step['bf16']:.1f} ms, would be {without:.1f} ms, "
+            f"{step['bf16'] / without:.2f}× bf16")
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
