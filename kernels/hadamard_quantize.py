@@ -494,6 +494,9 @@ def _quantize_store(
         # binades below R. The E2M1 value is kept as an fp32 number (a multiple of its step, ±6 at
         # most), so that the GPU's own conversion writes the byte: no E2M1 code is formed.
         GR: tl.constexpr = 1 if FP8 == 1 else 128
+        # RNE values take the f16x2 tail (clamp, power of two and conversion: :func:`_e4m3_pairs`),
+        # which needs the Hadamard product's register layout; the rest clamp and scale in fp32.
+        PAIRS: tl.constexpr = _GPU_ONLY and HADAMARD and not SR and not SAFE
         e = scale - 127
         if SAFE:
             e = tl.where(bad, -127, e)
@@ -516,7 +519,7 @@ def _quantize_store(
         else:
             mf = magic.to(tl.float32, bitcast=True)
             v = (q + mf) - mf
-            if not (_GPU_ONLY and HADAMARD and not SAFE):
+            if not PAIRS:
                 v = tl.minimum(tl.maximum(v, -6.0), 6.0) * _pow2(p_exp, False)[:, None]
         # Blocks more than 14 binades below R (an all-zero block is one) lie below E4M3's subnormal
         # step 2^-9. The GPU's conversion rounds them to it, ties to even, as the reference does; the
@@ -525,7 +528,7 @@ def _quantize_store(
             if tl.min(tl.where(bad, 0, t_off)) < 0:
                 sub = ((tl.abs(v) + 24576.0) - 24576.0).to(tl.int32, bitcast=True)  # 1.5 · 2^14: a step of 2^-9
                 v = tl.where((t_off < 0)[:, None], (sub | (v.to(tl.int32, bitcast=True) & -0x80000000)).to(tl.float32, bitcast=True), v)
-        if _GPU_ONLY and HADAMARD and not SR and not SAFE:
+        if PAIRS:
             f8 = _e4m3_pairs(v, p_exp)
         else:
             f8 = v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
