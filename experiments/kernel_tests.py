@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                       **microbench.interruption(interrupted, args.budget_s)})
     counts = Counter(r["outcome"] for r in records)
     print(f"kernel_tests: {len(records)} tests ({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}) "
-          f"-> {args.out} (pytest exit code {rc}{f', interrupted: {interrupted}' if interrupted else ''})")
+          f"-> {args.out} ({microbench.how_pytest_ended(rc, interrupted)})")
     return rc
 
 

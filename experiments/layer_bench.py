@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         peers = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_to_peers"].items())
         print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "
               f"{r['figure']:.3g} {r['unit']} (vs {peers}; path {r['gemm_path']})")
-    print(f"layer_bench: {len(recs)} records -> {args.out} (pytest exit code {rc}"
-          f"{f', interrupted: {interrupted}' if interrupted else ''})")
+    print(f"layer_bench: {len(recs)} records -> {args.out} ({microbench.how_pytest_ended(rc, interrupted)})")
     return microbench.exit_status("layer_bench", rc, len(recs), interrupted)
 
 

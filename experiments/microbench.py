@@ -153,6 +153,11 @@ def add_budget_argument(p: argparse.ArgumentParser, what: str) -> None:
                    help=f"interrupt pytest after this many seconds (a job's time limit less a margin), keeping the {what} it finished")
 
 
+def how_pytest_ended(rc: int, interrupted: str | None) -> str:
+    """``pytest exit code N`` and, where :func:`run_pytest` interrupted it, what did."""
+    return f"pytest exit code {rc}" + (f", interrupted: {interrupted}" if interrupted else "")
+
+
 def interruption(interrupted: str | None, budget_s: float | None) -> dict[str, Any]:
     """The provenance's account of an interrupted pytest (:func:`run_pytest`)."""
     return {"pytest_interrupted_by": interrupted,
@@ -226,8 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu_state": gpu,
         **interruption(interrupted, budget_s),
     })
-    print(f"microbench: {len(records)} records -> {out} (pytest exit code {rc}"
-          f"{f', interrupted: {interrupted}' if interrupted else ''})")
+    print(f"microbench: {len(records)} records -> {out} ({how_pytest_ended(rc, interrupted)})")
     return exit_status("microbench", rc, len(records), interrupted)
 
 

@@ -390,7 +390,9 @@ def kernels_section(res: Results) -> list[str]:
     return table(["kernel", "shapes", "figure", "÷ same-run ceiling", "÷ same-run peers"], rows) + ["", source(doc)]
 
 
-LAYER_PEERS = ("nn.Linear-bf16", "torchao-float8-rowwise", "torchao-float8-tensorwise")
+# The layer benchmark's same-run peers, in a cell's order, and their names in the notes.
+LAYER_PEERS = {"nn.Linear-bf16": "`nn.Linear` bf16", "torchao-float8-rowwise": "torchao float8 rowwise (compiled)",
+               "torchao-float8-tensorwise": "torchao float8 tensorwise (compiled)"}
 
 
 def layer_table(doc: dict[str, Any]) -> list[str]:
@@ -406,10 +408,8 @@ def layer_table(doc: dict[str, Any]) -> list[str]:
         peers = r.get("ratio_to_peers", {})
         cells[f"{shape} {tuple(r['shape'])}"][variant] = " / ".join(times(peers[p]) for p in LAYER_PEERS if p in peers)
     rows = [[shape, *(by.get(v, "") for v in variants)] for shape, by in cells.items()]
-    present = [p for p in LAYER_PEERS if any(p in r.get("ratio_to_peers", {}) for r in doc["records"])]
-    names = {"nn.Linear-bf16": "`nn.Linear` bf16", "torchao-float8-rowwise": "torchao float8 rowwise (compiled)",
-             "torchao-float8-tensorwise": "torchao float8 tensorwise (compiled)"}
-    notes = ["", f"Each cell: speed-up of one forward + backward over {' / over '.join(names[p] for p in present)}, "
+    present = [name for p, name in LAYER_PEERS.items() if any(p in r.get("ratio_to_peers", {}) for r in doc["records"])]
+    notes = ["", f"Each cell: speed-up of one forward + backward over {' / over '.join(present)}, "
              f"all timed in the same run on {device(doc)}."]
     # torch.compile's limit: eight compiles of one forward, one per benchmark without fresh caches
     if len(doc["records"]) > 8 and any("compile_caches" not in r for r in doc["records"]):

@@ -32,8 +32,11 @@ import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-import adahop
-from adahop.harness.provenance import write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "bench"))
+from test_bench_layer import torchao_float8  # noqa: E402
+
+import adahop  # noqa: E402
+from adahop.harness.provenance import write_results  # noqa: E402
 
 # First match wins: the order keeps the quantize kernels out of "copy" (their Inductor neighbours
 # are named after every op they fuse).
@@ -62,19 +65,14 @@ def parse_shape(text: str) -> tuple[int, int, int]:
 
 def layers(recipe: str, fin: int, fout: int, device: torch.device) -> dict[str, tuple[nn.Module, nn.Parameter]]:
     """name -> (callable layer, its weight): the recipe's quantized layer, nn.Linear bf16 and, on
-    CUDA where torchao imports, torchao float8 tensorwise."""
+    CUDA where torchao imports, torchao float8 tensorwise (as the layer benchmark builds it)."""
     linear = nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16)
     quantized = adahop.convert(nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16), recipe)
     out = {recipe: (torch.compile(quantized) if device.type == "cuda" else quantized, quantized.weight),
            "nn.Linear-bf16": (linear, linear.weight)}
-    if device.type == "cuda":
-        try:
-            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-        except ImportError:
-            return out
-        model = nn.Sequential(nn.Linear(fin, fout, bias=False)).to(device, torch.bfloat16)
-        convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"))
-        out["torchao-float8-tensorwise"] = (torch.compile(model), model[0].weight)
+    ao = torchao_float8(fin, fout, device, "tensorwise") if device.type == "cuda" else None
+    if ao is not None:
+        out["torchao-float8-tensorwise"] = ao
     return out
 
 
