@@ -95,6 +95,10 @@ def table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return lines
 
 
+PROFILES_DIR = "profiles"
+PROFILE_KINDS = ("gemm", "quantize", "re-encode", "copy", "other")
+
+
 class Results:
     """The results files of one profile, by stage and name, each with its path."""
 
@@ -105,7 +109,11 @@ class Results:
             doc = read_results(path)
             doc["path"] = self.rel(path)
             name = path.name.removesuffix(".gz").removesuffix(".json")
-            self.docs[path.parent.parent.name][name] = doc
+            # results/<stage>/<profile>/<name>.json, or a stage's profiles/ folder beside them
+            stage = path.parent.parent.name
+            if path.parent.name == PROFILES_DIR:
+                stage = f"{path.parent.parent.parent.name}/{PROFILES_DIR}"
+            self.docs[stage][name] = doc
 
     def rel(self, path: Path) -> str:
         path = Path(path).resolve()
@@ -431,6 +439,33 @@ def layer_section(res: Results) -> list[str]:
     return out
 
 
+def layer_profile_section(res: Results) -> list[str]:
+    """Where each profiled layer's forward + backward spends its time (scripts/profile_layer.py)."""
+    docs = res.stage(f"layer_bench/{PROFILES_DIR}")
+    if not docs:
+        return []
+    rows = []
+    for doc in sorted(docs.values(), key=lambda d: tuple(d["provenance"]["config"]["shape"])):
+        shape = "(" + ", ".join(str(n) for n in doc["provenance"]["config"]["shape"]) + ")"
+        layers: dict[str, dict[str, Any]] = {}
+        for r in doc["records"]:
+            layers.setdefault(r["layer"], {})[r["kind"]] = r
+        for layer, kinds in layers.items():
+            first = next(iter(kinds.values()))
+            wall, dev = first["wall_us_per_step"], first.get("layer_us_per_step")
+            ops = kinds.get("host", {}).get("ops", [])
+            ours = sum(o["us_per_step"] for o in ops if o["name"].startswith("adahop::"))
+            rows.append([shape, layer, f"{wall:.0f}", "—" if dev is None else f"{dev:.0f}",
+                         *(f"{kinds[k]['us_per_step']:.0f}" if k in kinds else "—" for k in PROFILE_KINDS),
+                         f"{ours:.0f}" if ours else "—"])
+    return ["", "Where the time goes (`scripts/profile_layer.py`): each layer's wall time a forward + backward, its "
+            "passes launched back to back, and its kernels' device time by kind under `torch.profiler`, in µs; "
+            "where the wall time exceeds the device time, the host bounds the layer. The last column is the host "
+            "time of the suite's own operators (`adahop::*`: their Python and launches) a pass, under the profiler.", "",
+            *table(["layer (tokens, in, out)", "layer", "wall", "device", *PROFILE_KINDS, "host: adahop::*"], rows),
+            "", source(*docs.values())]
+
+
 def measured_by_recipe(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """A throughput file's records by recipe, less those that ran out of memory (no figures)."""
     return {r["recipe"]: r for r in measured(doc["records"])}
@@ -602,7 +637,7 @@ def report(res: Results, profile: str, figures_dir: Path, out: Path) -> str:
         "kernels, cuBLAS FP8 rowwise and bf16 for the GEMMs. Shapes are Llama-3 8B and Llama-3.2 1B layers at 8k "
         "and 16k tokens and our 125m model's at 64k; each record in the file keeps its shape, median and IQR.", "",
         *kernels_section(res), *fig("fig4_throughput"), "",
-        '<a id="linear-layer"></a>', "## Linear layer", "", *layer_section(res), "",
+        '<a id="linear-layer"></a>', "## Linear layer", "", *layer_section(res), *layer_profile_section(res), "",
         '<a id="end-to-end-throughput"></a>', "## End-to-end training throughput", "",
         *throughput_section(res), *fig("fig7_e2e_throughput"), "",
         '<a id="memory"></a>', "## Memory", "", *memory_section(res), *fig("fig5_memory"), "",
@@ -619,9 +654,10 @@ def report(res: Results, profile: str, figures_dir: Path, out: Path) -> str:
 
 
 def profile_files(profile: str, root: Path = REPO_ROOT) -> list[Path]:
-    """Every results file directly under ``results/<stage>/<profile>/`` (a ``history/`` folder's
-    predecessors are not read)."""
-    return sorted(p for pattern in ("*.json", "*.json.gz") for p in (root / "results").glob(f"*/{profile}/{pattern}"))
+    """Every results file directly under ``results/<stage>/<profile>/`` and its ``profiles/``
+    folder (a ``history/`` folder's predecessors are not read)."""
+    return sorted(p for pattern in ("*.json", "*.json.gz") for folder in ("", f"{PROFILES_DIR}/")
+                  for p in (root / "results").glob(f"*/{profile}/{folder}{pattern}"))
 
 
 def readme_block(res: Results) -> str:

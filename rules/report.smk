@@ -11,8 +11,9 @@ import glob
 REPORT = "docs/RESULTS.md" if PROFILE == "gpu" else f"docs/RESULTS-{PROFILE}.md"
 # Files of the profile beside the ones a rule writes (the GPU kernel tests, a measurement kept
 # under its own name) are read too: the report reads every file directly under
-# results/<stage>/<profile>/, and a predecessor kept in history/ is not one of them.
-REPORT_EXTRA = sorted(p for pattern in ("*.json", "*.json.gz") for p in glob.glob(f"results/*/{PROFILE}/{pattern}"))
+# results/<stage>/<profile>/ and its profiles/ folder, and a predecessor kept in history/ is not one of them.
+REPORT_EXTRA = sorted(p for pattern in ("*.json", "*.json.gz") for folder in ("", "profiles/")
+                      for p in glob.glob(f"results/*/{PROFILE}/{folder}{pattern}"))
 
 REPORT_RUNS = {path for name in PER_RUN_FIGURES if name in FIGURE_INPUTS for path in FIGURE_INPUTS[name]}
 

@@ -2,7 +2,7 @@
 kernel, beside ``nn.Linear`` bf16 and torchao float8 tensorwise: what is left between the
 layer's speed and its peers'.
 
-    python scripts/profile_layer.py --shape 16384x4096x4096 --out results/layer_bench/gpu/profile-llama3-8b-q-o.json
+    python scripts/profile_layer.py --shape 16384x4096x4096 --out results/layer_bench/gpu/profiles/llama3-8b-q-o.json
     python scripts/profile_layer.py --shape 256x256x512 --out /tmp/profile.json      # a CPU: operators, not kernels
 
 Each layer is built and compiled as ``tests/bench/test_bench_layer.py`` builds it (the quantized

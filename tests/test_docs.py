@@ -329,9 +329,9 @@ def test_design_hot_pretraining_figures_are_the_results_files():
     text = words(DESIGN)
     runs = {p.stem: read_results(p)["records"][0] for p in (ROOT / "results" / "pretrain" / "gpu").glob("125m_*_s*.json")}
     hot, bf16 = runs["125m_hot_s0"], runs["125m_bf16_s0"]
-    hot1, bf16_1 = runs["125m_hot_s1"], runs["125m_bf16_s1"]
-    assert (f"end at held-out losses of {hot['final_val_loss']:.3f} and {hot1['final_val_loss']:.3f} against "
-            f"bf16's {bf16['final_val_loss']:.3f} and {bf16_1['final_val_loss']:.3f}") in text
+    losses = {r: [f"{runs[f'125m_{r}_s{seed}']['final_val_loss']:.3f}" for seed in (0, 1, 2)] for r in ("hot", "bf16")}
+    assert (f"end at held-out losses of {', '.join(losses['hot'][:2])} and {losses['hot'][2]} against "
+            f"bf16's {', '.join(losses['bf16'][:2])} and {losses['bf16'][2]}") in text
     gaps = [r["final_val_loss"] - runs[f"125m_bf16_s{name.rsplit('_s', 1)[1]}"]["final_val_loss"]
             for name, r in runs.items() if r["recipe"] not in ("bf16", "hot")]
     assert gaps and max(gaps) < 0.06 and "every MXFP4 recipe of the suite ends within 0.06 of bf16" in text

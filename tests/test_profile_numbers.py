@@ -237,3 +237,56 @@ def test_design_3b_step_breakdown_is_the_profiles_and_the_throughput_file():
             f"step, {step['adahop']:.1f} ms against bf16's {step['bf16']:.1f} ms, would be {without:.1f} ms, "
             f"{step['bf16'] / without:.2f}× bf16")
     assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+
+def test_design_layer_profile_figures_are_the_profile_files():
+    """DESIGN §6's account of where the IHT layer's time goes quotes results/layer_bench/gpu/profiles/."""
+    folder = ROOT / "results" / "layer_bench" / "gpu" / "profiles"
+
+    def layers(name: str) -> dict[str, dict[str, dict]]:
+        out: dict[str, dict[str, dict]] = {}
+        for r in json.loads((folder / f"{name}.json").read_text())["records"]:
+            out.setdefault(r["layer"], {})[r["kind"]] = r
+        return out
+
+    p = {name: layers(name) for name in ("llama3-8b-q-o", "llama3-8b-k-v", "llama3-8b-gate-up", "llama3-8b-down",
+                                         "125m-q-o", "125m-gate-up", "125m-down")}
+
+    def us(name, layer="uniform-iht", kind="gemm", field="us_per_step"):
+        return p[name][layer][kind][field]
+
+    def fmt(values):
+        return listed([f"{v:.0f}" for v in values])
+
+    def ratio(name, peer):
+        return us(name, peer, field="layer_us_per_step") / us(name, field="layer_us_per_step")
+
+    big, host_bound = ("llama3-8b-gate-up", "llama3-8b-down"), ("llama3-8b-q-o", "llama3-8b-k-v")
+    calls = [o["us_per_step"] / o["calls_per_step"] for name in p for o in p[name]["uniform-iht"]["host"]["ops"]
+             if o["name"] == "adahop::quantize"]
+    small = [ratio(n, "nn.Linear-bf16") for n in p if n.startswith("125m")]
+    vs_torchao = listed([f"{ratio(n, 'torchao-float8-tensorwise'):.2f}×" for n in big])
+    vs_bf16 = listed([f"{ratio(n, 'nn.Linear-bf16'):.2f}×" for n in host_bound])
+    text = prose(DESIGN)
+    for want in (
+        f"(wall {fmt(us(n, field='wall_us_per_step') for n in big)} µs a pass, device "
+        f"{fmt(us(n, field='layer_us_per_step') for n in big)} µs)",
+        f"its device time is {vs_torchao} torchao",
+        f"its three GEMMs alone ({fmt(us(n) for n in big)} µs)",
+        f"the quantize passes ({fmt(us(n, kind='quantize') for n in big)} µs)",
+        f"wall {fmt(us(n, field='wall_us_per_step') for n in host_bound)} µs against "
+        f"{fmt(us(n, field='layer_us_per_step') for n in host_bound)} µs of device time, which alone would be "
+        f"{vs_bf16} bf16's",
+        f"one `adahop::quantize` call costs {min(calls):.0f}–{max(calls):.0f} µs of host time",
+        f"(wall {us('125m-q-o', field='wall_us_per_step'):.0f} against {us('125m-q-o', field='layer_us_per_step'):.0f} "
+        f"µs of device time at q/o)",
+        f"a device time of {min(small):.2f}–{max(small):.2f}× bf16's",
+        f"({us('125m-q-o'):.0f} against bf16's {us('125m-q-o', 'nn.Linear-bf16'):.0f} µs at q/o)",
+    ):
+        assert want in text, f"DESIGN §6 does not say {want!r}"
+    second = {r["test"].split("llama3-8b-")[1].rstrip("]"): r["ratio_to_peers"]["nn.Linear-bf16"]
+              for r in json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-hot.json").read_text())["records"]
+              if r["op"].endswith("[iht]") and "llama3-8b-" in r["test"]}
+    shapes = listed([f"{second[s]:.2f}×" for s in ("q/o", "gate/up", "down")])
+    want = f"gave {shapes} bf16 there"
+    assert want in text, f"DESIGN §6 does not say {want!r}"

@@ -169,3 +169,33 @@ def test_layer_table_says_when_its_benchmarks_ran_eagerly(tmp_path, fresh, n_sha
     assert "| s0 (16, 32, 32) | 1.50× / 1.10× |" in text and "| s0 (16, 32, 32) | 0.50× / 0.25× |" in text
     assert "over `nn.Linear` bf16 / over torchao float8 tensorwise (compiled)" in text
     assert text.count("the timings are eager ones") == eager
+
+
+def test_layer_profiles_are_read_and_tabulated(tmp_path):
+    from adahop.harness.provenance import write_results
+
+    def rec(layer, kind, us, **extra):
+        return {"layer": layer, "kind": kind, "us_per_step": us, "layer_us_per_step": 100.0,
+                "wall_us_per_step": 250.0, **extra}
+
+    path = tmp_path / "results" / "layer_bench" / "gpu" / "profiles" / "q-o.json"
+    write_results(path, [rec("uniform-iht", "gemm", 60.0), rec("uniform-iht", "quantize", 40.0),
+                         rec("uniform-iht", "host", 400.0, ops=[{"name": "adahop::quantize", "calls_per_step": 3,
+                                                                 "us_per_step": 120.0},
+                                                                {"name": "aten::empty", "calls_per_step": 9,
+                                                                 "us_per_step": 30.0}])],
+                  config={"shape": [16, 32, 64]})
+    write_results(tmp_path / "results" / "layer_bench" / "gpu" / "layers.json", [])
+    files = report.profile_files("gpu", tmp_path)
+    assert path in files and len(files) == 2
+    res = report.Results(files, root=tmp_path)
+    assert set(res.stage("layer_bench")) == {"layers"} and set(res.stage("layer_bench/profiles")) == {"q-o"}
+    text = "\n".join(report.layer_profile_section(res))
+    assert "| (16, 32, 64) | uniform-iht | 250 | 100 | 60 | 40 | — | — | — | 120 |" in text
+    assert "results/layer_bench/gpu/profiles/q-o.json" in text
+
+
+def test_committed_report_tabulates_the_layer_profiles():
+    text = (ROOT / "docs" / "RESULTS.md").read_text()
+    res = report.Results(COMMITTED)
+    assert res.stage("layer_bench/profiles") and "\n".join(report.layer_profile_section(res)) in text
