@@ -1,7 +1,8 @@
 """Figure 7: end-to-end training throughput per recipe — speed against BF16, MFU, GPU-busy share, memory.
 
 Reads results/throughput/<profile>/<run>.json (experiments/pretrain.py --throughput-only, one file
-per run of the profile's ``throughput`` sections). Each record is one recipe measured in that run's
+per run of the profile's ``throughput`` sections, and the folder's other files: a recipe measured
+later, another GPU). Each record is one recipe measured in that run's
 process: ``model``, ``world_size``, ``batch_size`` (per rank), ``seq_len``, ``compile``,
 ``timed_steps``, ``tokens_per_s`` (all ranks), ``mfu`` (null on a CPU: no peak FLOP/s) and
 ``peak_mem_gib`` (CUDA: ``max_memory_allocated`` of rank 0, ``max_memory_reserved`` under CUDA graphs,
@@ -77,7 +78,7 @@ def busy(record: Any) -> float | None:
 
 
 def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
-    """Run name and commit, then model, mode, where (with DDP or FSDP2), tokens per rank and the steps timed."""
+    """Run name, commit and GPU, then model, mode, where (with DDP or FSDP2), tokens per rank and the steps timed."""
     prov = doc["provenance"]
     commit = str(prov.get("git_commit") or "unknown commit")[:7] + (" dirty" if prov.get("git_dirty") else "")
     first = recs.iloc[0]
@@ -88,7 +89,8 @@ def heading(doc: dict[str, Any], recs: pd.DataFrame) -> str:
         fsdp = first.get("fsdp")  # absent (NaN) in a file without the field: DDP
         where += ", FSDP2" if isinstance(fsdp, (bool, np.bool_)) and fsdp else ", DDP"
     untimed = (prov.get("config") or {}).get("untimed_steps", "?")
-    return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit})\n"
+    gpu = (prov.get("device") or {}).get("name") if cuda else None
+    return (f"{Path(doc['path']).name.removesuffix('.json')} ({commit}{', ' + gpu if gpu else ''})\n"
             f"{first['model']}, {compile_label(first['compile'], first.get('compile_mode'))}, {where}, "
             f"{int(first['batch_size'])}×{int(first['seq_len'])} tokens/rank, "
             f"{int(first['timed_steps'])} steps timed after {untimed}")

@@ -6,7 +6,13 @@
 # so nothing upstream of a present results file reruns, and a results file that is missing is an
 # error rather than a GPU stage started on this machine (results_inputs, common.smk).
 
+import glob
+
 FIGURE_DIR = f"paper_figs/out/{PROFILE}"
+# Throughput files kept under names of their own beside the configured runs (a recipe measured
+# later, another GPU) are drawn with them in figure 7, as the report lists every file of the stage.
+THROUGHPUT_EXTRA = sorted(set(glob.glob(f"results/throughput/{PROFILE}/*.json"))
+                          - {results_path("throughput", name) for name in THROUGHPUT})
 FIGURE_INPUTS = {
     "fig1_patterns": [results_path("patterns", "patterns")],
     "fig2_pair_error": [results_path("patterns", "patterns")],
@@ -14,7 +20,7 @@ FIGURE_INPUTS = {
     "fig4_throughput": [results_path("microbench", "kernels"), results_path("layer_bench", "layers")],
     "fig5_memory": [results_path("memory", "memory")],
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
-    "fig7_e2e_throughput": [results_path("throughput", name) for name in THROUGHPUT],
+    "fig7_e2e_throughput": [results_path("throughput", name) for name in THROUGHPUT] + THROUGHPUT_EXTRA,
     "fig9_train_time": [results_path("pretrain", run) for run in RUNS],
     "fig10_paired_gaps": [results_path(stage, run) for stage in ("pretrain", "eval") for run in RUNS],
 }
