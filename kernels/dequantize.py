@@ -18,7 +18,7 @@ import triton.language as tl
 
 from adahop.checks import check_mxfp4_tensor
 from adahop.formats import MXFP4Tensor
-from adahop_kernels._common import INTERPRETED, autotune, check_device, e2m1_value, exp2_int
+from adahop_kernels._common import INTERPRETED, autotune, cdiv, check_device, e2m1_value, exp2_int
 
 OUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # The fp32 NaN bit pattern: a NaN-valued global constexpr breaks triton 3.6's check that globals
@@ -77,8 +77,8 @@ def dequantize(t: MXFP4Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
         # Few, large programs: the interpreter's cost grows with the program count.
         block_k = min(4096, triton.next_power_of_2(k))
         block_r = min(triton.next_power_of_2(n_rows), max(1, 65536 // block_k))
-        _dequantize_kernel[(triton.cdiv(n_rows, block_r), triton.cdiv(k, block_k))](
+        _dequantize_kernel[(cdiv(n_rows, block_r), cdiv(k, block_k))](
             **args, BLOCK_R=block_r, BLOCK_K=block_k)
     else:
-        _tuned_kernel[lambda meta: (triton.cdiv(n_rows, meta["BLOCK_R"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
+        _tuned_kernel[lambda meta: (cdiv(n_rows, meta["BLOCK_R"]), cdiv(k, meta["BLOCK_K"]))](**args)
     return out

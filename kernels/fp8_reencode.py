@@ -36,6 +36,7 @@ from adahop.formats import FP8_GROUP, check_fp8_layout
 from adahop_kernels._common import (
     INTERPRETED,
     autotune,
+    cdiv,
     check_device,
     e4m3_bits_of_e2m1,
     e4m3_words_of_code_words,
@@ -207,17 +208,17 @@ def fp8_reencode(t: MXFP4Tensor, layout: str = "row") -> tuple[torch.Tensor, tor
     if layout == "row":
         if INTERPRETED:
             # Interpreter cost grows with programs x iterations: few, large tiles there.
-            _fp8_reencode_kernel[(triton.cdiv(m, 64),)](**args, row_scale_ptr=scale, BLOCK_M=64,
+            _fp8_reencode_kernel[(cdiv(m, 64),)](**args, row_scale_ptr=scale, BLOCK_M=64,
                                                         BLOCK_K=min(512, triton.next_power_of_2(k)))
         else:
-            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]),)](**args, row_scale_ptr=scale)
+            _tuned_kernel[lambda meta: (cdiv(m, meta["BLOCK_M"]),)](**args, row_scale_ptr=scale)
         return fp8, scale
     group_m = 1 if layout == "seg128" else FP8_GROUP
     args.update(group_scale_ptr=scale, GROUP_M=group_m)
     if INTERPRETED:
         block_k = min(1024, triton.next_power_of_2(k))
         block_m = max(group_m, min(65536 // block_k, triton.next_power_of_2(m)))
-        _fp8_group_kernel[(triton.cdiv(m, block_m), triton.cdiv(k, block_k))](**args, BLOCK_M=block_m, BLOCK_K=block_k)
+        _fp8_group_kernel[(cdiv(m, block_m), cdiv(k, block_k))](**args, BLOCK_M=block_m, BLOCK_K=block_k)
     else:
-        _tuned_group_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](**args)
+        _tuned_group_kernel[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(k, meta["BLOCK_K"]))](**args)
     return fp8, scale

@@ -113,6 +113,7 @@ from adahop.formats import BLOCK_SIZE, FLOAT_DTYPES, FP8_GROUP, MXFP4Tensor, che
 from adahop_kernels._common import (
     INTERPRETED,
     autotune,
+    cdiv,
     check_device,
     exp2_int,
     flip_sign,
@@ -888,18 +889,18 @@ def quantize(
             c_hi=c_hi, c_lo=c_lo, **flags,
         )
         # One flag a REGION square, set by the fast kernel where a block is bad; the redo kernel reads them.
-        n_flags = triton.cdiv(m, REGION) * triton.cdiv(k, REGION)
+        n_flags = cdiv(m, REGION) * cdiv(k, REGION)
         marks = torch.zeros(n_flags, dtype=torch.int32, device=x.device)
         if INTERPRETED:
             unit_m, unit_k = _tile_units(flags)
             blocks = _interpreter_blocks(m, k, max(BLOCK_SIZE, unit_m), max(BLOCK_SIZE, unit_k))
-            grid = (triton.cdiv(m, blocks["BLOCK_M"]), triton.cdiv(k, blocks["BLOCK_K"]))
+            grid = (cdiv(m, blocks["BLOCK_M"]), cdiv(k, blocks["BLOCK_K"]))
             _hadamard_quantize_kernel[grid](**args, flag_ptr=marks, **blocks)
         else:
-            _tuned_kernel[lambda meta: (triton.cdiv(m, meta["BLOCK_M"]), triton.cdiv(k, meta["BLOCK_K"]))](
+            _tuned_kernel[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(k, meta["BLOCK_K"]))](
                 **args, flag_ptr=marks)
         redo = {n: v for n, v in args.items() if n not in ("amax_ptr", "amax_t_ptr", "AMAX", "AMAX_T")}
-        _redo_kernel[(triton.cdiv(n_flags, REDO_CHUNK),)](marks, n_flags, **redo, CHUNK=REDO_CHUNK,
+        _redo_kernel[(cdiv(n_flags, REDO_CHUNK),)](marks, n_flags, **redo, CHUNK=REDO_CHUNK,
                                                           num_warps=8, num_stages=1)
     return _side_out(along_k, out_k), _side_out(along_m, out_m)
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop_kernels._common import INTERPRETED, check_device
+from adahop_kernels._common import INTERPRETED, cdiv, check_device
 from adahop_kernels.signs import _lowbias32
 
 BLOCK = 1024
@@ -72,7 +72,7 @@ def hot_round(t: torch.Tensor, scale: torch.Tensor, qmax: int, seed: torch.Tenso
         # The interpreter pays per program: one per row there.
         block = min(triton.next_power_of_2(k), 1 << 16) if INTERPRETED else BLOCK
         per_row = scale.shape[0] == rows and rows > 1
-        _hot_round_kernel[(rows, triton.cdiv(k, block))](
+        _hot_round_kernel[(rows, cdiv(k, block))](
             t, scale.contiguous(), seed if seed is not None else scale, out, k, qmax,
             PER_ROW=per_row, SR=seed is not None, BLOCK=block)
     return out

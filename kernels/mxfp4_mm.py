@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from adahop.checks import MM_OUT_DTYPES, check_mxfp4_operands
-from adahop_kernels._common import INTERPRETED, check_device
+from adahop_kernels._common import INTERPRETED, cdiv, check_device
 
 
 @triton.jit
@@ -63,7 +63,7 @@ def mxfp4_mm_dot_scaled(a, b, out_dtype: torch.dtype = torch.bfloat16) -> torch.
         block_m, block_n, block_k, extra = 64, 64, min(256, triton.next_power_of_2(k)), {}
     else:
         block_m, block_n, block_k, extra = 128, 128, 128, {"num_warps": 8, "num_stages": 3}
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
+    grid = (cdiv(m, block_m), cdiv(n, block_n))
     _mxfp4_mm_kernel[grid](a.codes, a.scales, b.codes, b.scales, c, m, n, k,
                            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, **extra)
     return c.to(out_dtype)

@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop_kernels._common import INTERPRETED, check_line_input, split_lines
+from adahop_kernels._common import INTERPRETED, cdiv, check_line_input, split_lines
 
 
 @triton.jit
@@ -68,7 +68,7 @@ def row_absmax(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     block_m, block_k = (64, 512) if INTERPRETED else (64, 64)
     k_per_split, splits = split_lines(x, block_m, block_k, splits, min_tiles=4)
     part = torch.empty((splits, m), dtype=torch.float32, device=x.device)
-    grid = (triton.cdiv(m, block_m), splits)
+    grid = (cdiv(m, block_m), splits)
     _row_absmax_kernel[grid](x, part, m, k, x.stride(0), x.stride(1), k_per_split,
                              BLOCK_M=block_m, BLOCK_K=block_k)
     return part[0] if splits == 1 else part.amax(dim=0)

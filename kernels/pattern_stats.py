@@ -45,7 +45,7 @@ import triton
 import triton.language as tl
 
 from adahop.checks import check_scaled_mean_squares_input
-from adahop_kernels._common import INTERPRETED, check_device, check_line_input, split_lines, to_fp32
+from adahop_kernels._common import INTERPRETED, cdiv, check_device, check_line_input, split_lines, to_fp32
 
 # Bits resolved per pass. Each candidate digit keeps an elementwise counter across the line (summed
 # once per program, not per tile): 4-bit passes, counting all 16 digits with a per-tile reduction
@@ -157,7 +157,7 @@ def abs_median(x: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     counts = torch.empty((2, splits, m, 3), dtype=torch.int32, device=x.device)
     nans = torch.empty((splits, m), dtype=torch.int32, device=x.device)
     rank = (n - 1) // 2
-    grid = (triton.cdiv(m, block_l), splits)
+    grid = (cdiv(m, block_l), splits)
     top = RADIX_BITS * ((key_bits - 1) // RADIX_BITS)
     for i, shift in enumerate(range(top, -1, -RADIX_BITS)):
         cur, prev = i % 2, 1 - i % 2
@@ -222,7 +222,7 @@ def scaled_mean_squares(
     m, k = x.shape
     scaled = col_div is not None
     block_m, block_k = (64, 256) if INTERPRETED else (32, 128)
-    blocks = triton.cdiv(m, block_m)
+    blocks = cdiv(m, block_m)
     row_sum = torch.empty(m, dtype=torch.float32, device=x.device)
     col_part = torch.empty((blocks, k), dtype=torch.float32, device=x.device)
     bad = torch.empty(m, dtype=torch.int32, device=x.device)

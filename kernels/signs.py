@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from adahop_kernels._common import INTERPRETED, check_device
+from adahop_kernels._common import INTERPRETED, cdiv, check_device
 
 BLOCK = 1024
 
@@ -52,7 +52,7 @@ def signs_from_seed(n: int, seed: torch.Tensor, dtype: torch.dtype) -> torch.Ten
     out = torch.empty(n, dtype=dtype, device=seed.device)
     if n:
         block = 1 << 16 if INTERPRETED else BLOCK
-        _seeded_signs_kernel[(triton.cdiv(n, block),)](out, n, seed, BLOCK=block)
+        _seeded_signs_kernel[(cdiv(n, block),)](out, n, seed, BLOCK=block)
     return out
 
 
@@ -62,5 +62,5 @@ def random_signs(n: int, mix: int, device: torch.device, dtype: torch.dtype) -> 
     check_device(out, "signs")
     if n:
         block = 1 << 16 if INTERPRETED else BLOCK  # the interpreter pays per program
-        _signs_kernel[(triton.cdiv(n, block),)](out, n, mix & 0xFFFF, mix >> 16, BLOCK=block)
+        _signs_kernel[(cdiv(n, block),)](out, n, mix & 0xFFFF, mix >> 16, BLOCK=block)
     return out
