@@ -258,7 +258,7 @@ def test_design_layer_profile_figures_are_the_profile_files():
     def fmt(values):
         return listed([f"{v:.0f}" for v in values])
 
-    def ratio(name, peer):
+    def ratio(name, peer):  # the peer's device time over the layer's: its speed relative to the peer
         return us(name, peer, field="layer_us_per_step") / us(name, field="layer_us_per_step")
 
     big, host_bound = ("llama3-8b-gate-up", "llama3-8b-down"), ("llama3-8b-q-o", "llama3-8b-k-v")
@@ -266,21 +266,24 @@ def test_design_layer_profile_figures_are_the_profile_files():
              if o["name"] == "adahop::quantize"]
     small = [ratio(n, "nn.Linear-bf16") for n in p if n.startswith("125m")]
     vs_torchao = listed([f"{ratio(n, 'torchao-float8-tensorwise'):.2f}×" for n in big])
+    torchao = [us(n, "torchao-float8-tensorwise", field="layer_us_per_step") for n in big]
+    gemm_share = listed([f"{us(n) / t:.2f}×" for n, t in zip(big, torchao)])
     vs_bf16 = listed([f"{ratio(n, 'nn.Linear-bf16'):.2f}×" for n in host_bound])
     text = prose(DESIGN)
     for want in (
         f"(wall {fmt(us(n, field='wall_us_per_step') for n in big)} µs a pass, device "
         f"{fmt(us(n, field='layer_us_per_step') for n in big)} µs)",
-        f"its device time is {vs_torchao} torchao",
-        f"its three GEMMs alone ({fmt(us(n) for n in big)} µs)",
+        f"on device time it runs at {vs_torchao} torchao tensorwise's speed",
+        f"its three GEMMs alone ({fmt(us(n) for n in big)} µs) take {gemm_share} of torchao's whole layer "
+        f"({fmt(torchao)} µs of device time)",
         f"the quantize passes ({fmt(us(n, kind='quantize') for n in big)} µs)",
         f"wall {fmt(us(n, field='wall_us_per_step') for n in host_bound)} µs against "
-        f"{fmt(us(n, field='layer_us_per_step') for n in host_bound)} µs of device time, which alone would be "
-        f"{vs_bf16} bf16's",
+        f"{fmt(us(n, field='layer_us_per_step') for n in host_bound)} µs of device time, on which alone it would run at "
+        f"{vs_bf16} bf16's speed",
         f"one `adahop::quantize` call costs {min(calls):.0f}–{max(calls):.0f} µs of host time",
         f"(wall {us('125m-q-o', field='wall_us_per_step'):.0f} against {us('125m-q-o', field='layer_us_per_step'):.0f} "
         f"µs of device time at q/o)",
-        f"a device time of {min(small):.2f}–{max(small):.2f}× bf16's",
+        f"where it runs at {min(small):.2f}–{max(small):.2f}× bf16's speed",
         f"({us('125m-q-o'):.0f} against bf16's {us('125m-q-o', 'nn.Linear-bf16'):.0f} µs at q/o)",
     ):
         assert want in text, f"DESIGN §6 does not say {want!r}"
