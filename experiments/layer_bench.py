@@ -14,8 +14,9 @@ Profile file, section ``layer_bench`` (every key optional):
     select: <pytest -k expression> a subset, e.g. "iht and q/o" (default: all)
     budget_s: <seconds> as --budget-s (default: none)
 
-Interruption (``--budget-s N``, SIGTERM, SIGINT) and exit status: as experiments/microbench.py (the
-benchmarks that finished are kept; 0 once any record was written; pytest's code in the provenance).
+Interruption (``--budget-s N``, SIGTERM, SIGINT), ``--resume`` and exit status: as
+experiments/microbench.py (the benchmarks that finished are kept, and a resumed run adds the rest; 0
+once any record was written; pytest's code in the provenance).
 """
 
 from __future__ import annotations
@@ -51,27 +52,33 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True, help="results file")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
     microbench.add_budget_argument(p, "benchmarks")
+    microbench.add_resume_argument(p)
     args = p.parse_args(argv)
     bench_profile, select, budget_s = microbench.bench_settings(args, "layer_bench")
+    config = {"bench_profile": bench_profile, "select": select}
+    kept, earlier = microbench.resumed(args.out, config, "layer_bench") if args.resume else ([], None)
     expr = f"{TEST} and ({select})" if select else TEST
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu, interrupted = microbench.run_benchmarks("layer_bench", bench_profile, expr, json_path, budget_s)
+        rc, cmd, gpu, interrupted = microbench.run_benchmarks("layer_bench", bench_profile, expr, json_path, budget_s,
+                                                              done=(r["test"] for r in kept))
         if not json_path.exists():
+            if microbench.nothing_left("layer_bench", rc, kept, args.out):
+                return 0
             print(f"layer_bench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
         doc = json.loads(json_path.read_text())
     recs = records(doc)
-    write_results(args.out, recs, config={"bench_profile": bench_profile, "select": select},
-                  overwrite=args.overwrite,
+    write_results(args.out, kept + recs, config=config, overwrite=args.overwrite,
                   extra_provenance={"pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu,
-                                    **microbench.interruption(interrupted, budget_s)})
+                                    **microbench.interruption(interrupted, budget_s), "resumed_from": earlier})
     for r in recs:
         peers = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_to_peers"].items())
         print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "
               f"{r['figure']:.3g} {r['unit']} (vs {peers}; path {r['gemm_path']})")
-    print(f"layer_bench: {len(recs)} records -> {args.out} ({microbench.how_pytest_ended(rc, interrupted)})")
-    return microbench.exit_status("layer_bench", rc, len(recs), interrupted)
+    print(f"layer_bench: {len(recs)} records{f' added to {len(kept)}' if kept else ''} -> {args.out} "
+          f"({microbench.how_pytest_ended(rc, interrupted)})")
+    return microbench.exit_status("layer_bench", rc, len(kept) + len(recs), interrupted)
 
 
 if __name__ == "__main__":

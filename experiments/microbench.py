@@ -18,7 +18,9 @@ Profile file, section ``microbench`` (every key optional):
 
 ``--budget-s N``, SIGTERM or SIGINT: pytest stops at the benchmark it is in and the file keeps
 those that finished; the provenance says what stopped it (``pytest_interrupted_by``: ``budget``,
-``SIGTERM``, ``SIGINT``).
+``SIGTERM``, ``SIGINT``). ``--resume`` then runs only what the file lacks and writes both (the
+file must hold this configuration and be made at this commit; its run's provenance goes under
+``resumed_from``): a campaign that no one job's time limit holds is done in several.
 
 Exit status: 0 once any record was written (benchmarks that failed have no record, and pytest's
 exit code goes into the provenance, so the figures that were measured are kept); else pytest's.
@@ -37,12 +39,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple
 
 import torch
 import yaml
 
-from adahop.harness.provenance import REPO_ROOT, gpu_state, write_results
+from adahop.harness.provenance import REPO_ROOT, git_state, gpu_state, read_results, write_results
 
 BENCH_DIR = "tests/bench"
 PROFILES = ("smoke", "gpu")
@@ -133,12 +135,56 @@ def run_pytest(stage: str, args: list[str], env: dict[str, str] | None = None,
 
 
 def run_benchmarks(stage: str, bench_profile: str, select: str | None, json_path: Path,
-                   budget_s: float | None = None) -> tuple[int, list[str], dict, str | None]:
-    """Run the suite in a subprocess (:func:`run_pytest`), interrupted after ``budget_s``."""
+                   budget_s: float | None = None, done: Iterable[str] = ()) -> tuple[int, list[str], dict, str | None]:
+    """Run the suite in a subprocess (:func:`run_pytest`), interrupted after ``budget_s``, without
+    the benchmarks named in ``done``."""
     args = [BENCH_DIR, "--benchmark-only", f"--benchmark-json={json_path}", "-q", "-rfEs"]
     if select:
         args += ["-k", select]
-    return run_pytest(stage, args, {"ADAHOP_BENCH_PROFILE": bench_profile}, interrupt_after_s=budget_s)
+    env = {"ADAHOP_BENCH_PROFILE": bench_profile}
+    done = sorted(done)
+    if done:
+        done_path = json_path.with_name("done.txt")
+        done_path.write_text("\n".join(done) + "\n")
+        env["ADAHOP_BENCH_DONE"] = str(done_path)
+    return run_pytest(stage, args, env, interrupt_after_s=budget_s)
+
+
+NO_TESTS_COLLECTED = 5  # pytest's exit code when every test was deselected
+
+
+def nothing_left(stage: str, rc: int, kept: list[dict[str, Any]], out: Path) -> bool:
+    """Whether a resumed run found every selected benchmark in ``out`` already (and says so)."""
+    if kept and rc == NO_TESTS_COLLECTED:
+        print(f"{stage}: every selected benchmark is in {out} already; nothing run, nothing written")
+        return True
+    return False
+
+
+def add_resume_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resume", action="store_true",
+                   help="where --out holds this configuration's results made at this commit (a run cut by a time "
+                        "limit), run only the benchmarks it lacks and keep both")
+
+
+def resumed(out: Path, config: dict[str, Any], stage: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The records of ``out`` that ``--resume`` keeps, and what the provenance says of the run that
+    made them; none where ``out`` does not exist. A file of another configuration, or made at another
+    commit or from a tree with uncommitted changes, is refused: its records and the new ones would
+    not be of one code."""
+    if not out.exists():
+        return [], None
+    doc = read_results(out)
+    prov = doc["provenance"]
+    commit, dirty = git_state()
+    if prov.get("config") != config:
+        raise SystemExit(f"{stage}: --resume: {out} holds the configuration {prov.get('config')}, not {config}")
+    if prov.get("git_commit") != commit or prov.get("git_dirty") or dirty:
+        made = f"{prov.get('git_commit')}{' (uncommitted changes)' if prov.get('git_dirty') else ''}"
+        raise SystemExit(f"{stage}: --resume: {out} was made at {made}; this tree is at {commit}"
+                         f"{' with uncommitted changes' if dirty else ''}: rerun it whole instead")
+    earlier = {k: prov.get(k) for k in ("date", "pytest_exit_code", "pytest_interrupted_by", "gpu_state")}
+    return doc["records"], {**earlier, "records": len(doc["records"])}
 
 
 def positive_seconds(text: str) -> float:
@@ -172,6 +218,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="results file (default results/microbench/<device-slug>.json)")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
     add_budget_argument(p, "benchmarks")
+    add_resume_argument(p)
     return p.parse_args(argv)
 
 
@@ -214,22 +261,27 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     bench_profile, select, budget_s = bench_settings(args, "microbench")
     out = args.out or REPO_ROOT / "results" / "microbench" / f"{device_slug()}.json"
+    config = {"bench_profile": bench_profile, "select": select}
+    kept, earlier = resumed(out, config, "microbench") if args.resume else ([], None)
 
     with tempfile.TemporaryDirectory() as tmp:
         json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu, interrupted = run_benchmarks("microbench", bench_profile, select, json_path, budget_s)
+        rc, cmd, gpu, interrupted = run_benchmarks("microbench", bench_profile, select, json_path, budget_s,
+                                                   done=(r["test"] for r in kept))
         if not json_path.exists():
+            if nothing_left("microbench", rc, kept, out):
+                return 0
             print(f"microbench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
             return rc or 1
         doc = json.loads(json_path.read_text())
-    records = records_from_benchmark_json(doc)
-    config = {"bench_profile": bench_profile, "select": select}
+    records = kept + records_from_benchmark_json(doc)
     write_results(out, records, config=config, overwrite=args.overwrite, extra_provenance={
         "pytest_command": cmd[1:],
         "pytest_exit_code": rc,
         "pytest_benchmark_version": doc.get("version"),
         "gpu_state": gpu,
         **interruption(interrupted, budget_s),
+        "resumed_from": earlier,
     })
     print(f"microbench: {len(records)} records -> {out} ({how_pytest_ended(rc, interrupted)})")
     return exit_status("microbench", rc, len(records), interrupted)

@@ -107,3 +107,68 @@ def test_a_profiles_budget_must_be_positive_seconds(tmp_path, value):
     cfg.write_text(f"profile: smoke\nmicrobench: {{budget_s: {value}}}\n")
     with pytest.raises(SystemExit, match="microbench: budget_s must be a positive number of seconds"):
         microbench.bench_settings(microbench.parse_args(["--config", str(cfg)]), "microbench")
+
+
+@pytest.fixture
+def at_commit(monkeypatch):
+    """The code's commit as a copy without git history is told it (the tree here may have edits)."""
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("ADAHOP_GIT_DIRTY", "0")
+
+
+def test_resume_runs_only_the_benchmarks_the_file_lacks(tmp_path, at_commit):
+    out = tmp_path / "microbench.json"
+    run = ["--profile", "smoke", "--select", "test_extract_outliers and 256x512", "--out", str(out)]
+    assert microbench.main(run) == 0
+    whole = read_results(out)
+    names = sorted(r["test"] for r in whole["records"])
+    assert len(names) == 2
+    cut = {**whole, "records": whole["records"][:1]}  # as a run stopped after its first benchmark left it
+    out.write_text(json.dumps(cut))
+    assert microbench.main([*run, "--resume"]) == 0
+    resumed = read_results(out)
+    assert sorted(r["test"] for r in resumed["records"]) == names
+    assert resumed["records"][0] == cut["records"][0]  # kept as it was, not measured again
+    assert resumed["provenance"]["resumed_from"]["records"] == 1
+    assert resumed["provenance"]["resumed_from"]["date"] == whole["provenance"]["date"]
+    # Nothing left: the file stays as it is.
+    assert microbench.main([*run, "--resume"]) == 0
+    assert read_results(out)["records"] == resumed["records"]
+
+
+def test_resume_refuses_a_file_of_another_commit_or_configuration(tmp_path, at_commit, monkeypatch):
+    out = tmp_path / "microbench.json"
+    run = ["--profile", "smoke", "--select", "test_extract_outliers and 256x512 and rows", "--out", str(out)]
+    assert microbench.main(run) == 0
+    with pytest.raises(SystemExit, match="holds the configuration"):
+        microbench.main([*run[:3], "test_extract_outliers", *run[4:], "--resume"])
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", "b" * 40)
+    with pytest.raises(SystemExit, match=f"was made at {'a' * 40}; this tree is at {'b' * 40}"):
+        microbench.main([*run, "--resume"])
+
+
+def test_resume_without_a_file_runs_everything(tmp_path, at_commit):
+    out = tmp_path / "microbench.json"
+    assert microbench.main(["--profile", "smoke", "--select", "test_extract_outliers and 256x512 and rows",
+                            "--out", str(out), "--resume"]) == 0
+    doc = read_results(out)
+    assert len(doc["records"]) == 1 and doc["provenance"]["resumed_from"] is None
+
+
+def test_layer_bench_resumes_too(tmp_path, at_commit):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "layers.json"
+    run = [sys.executable, str(SCRIPT.with_name("layer_bench.py")), "--profile", "smoke",
+           "--select", "(mxfp4 or iht) and 128-128", "--out", str(out)]
+    assert subprocess.run(run, env=os.environ, capture_output=True).returncode == 0
+    whole = read_results(out)
+    assert len(whole["records"]) == 2
+    out.write_text(json.dumps({**whole, "records": whole["records"][:1]}))
+    proc = subprocess.run([*run, "--resume"], env=os.environ, capture_output=True, text=True)
+    assert proc.returncode == 0 and "1 records added to 1" in proc.stdout, proc.stdout[-2000:]
+    resumed = read_results(out)
+    assert sorted(r["test"] for r in resumed["records"]) == sorted(r["test"] for r in whole["records"])
+    assert resumed["records"][0] == whole["records"][0]

@@ -22,6 +22,9 @@ Ceilings and peers (measured once per session, GEMMs once per shape):
   exact FP8 path on Hopper.
 * CPU: ``copy`` and ``torch-fp32-matmul``, so a CPU run reports its own honest peers.
 
+Resuming: ``$ADAHOP_BENCH_DONE`` names a file of benchmark names to deselect, the ones a cut run
+already measured (``experiments/microbench.py --resume``).
+
 Backends: GPU benchmarks time compiled Triton kernels and are skipped when ``TRITON_INTERPRET``
 is set (tests/kernels/conftest.py sets it: run ``pytest tests/bench``, not the whole tree, on a
 GPU); CPU benchmarks time the reference backend.
@@ -95,6 +98,22 @@ CPU_BUDGET_S, CPU_MIN_REPS, CPU_MAX_REPS = 0.5, 3, 50
 
 
 SHAPE_FIXTURES = {"gemm_shape": GEMM_SHAPES, "forced_gemm_shape": GEMM_SHAPES_FORCED, "activation_shape": ACTIVATION_SHAPES}
+
+
+DONE_ENV = "ADAHOP_BENCH_DONE"  # a file of benchmark names (one a line) that a resumed run already has
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the benchmarks named in ``$ADAHOP_BENCH_DONE`` (experiments/microbench.py --resume)."""
+    path = os.environ.get(DONE_ENV)
+    if not path:
+        return
+    with open(path) as f:
+        done = set(f.read().splitlines())
+    kept = [item for item in items if item.name not in done]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if item.name in done])
+        items[:] = kept
 
 
 def pytest_generate_tests(metafunc):
