@@ -22,9 +22,7 @@ once any record was written; pytest's code in the provenance).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 
@@ -54,31 +52,22 @@ def main(argv: list[str] | None = None) -> int:
     microbench.add_budget_argument(p, "benchmarks")
     microbench.add_resume_argument(p)
     args = p.parse_args(argv)
-    bench_profile, select, budget_s = microbench.bench_settings(args, "layer_bench")
-    config = {"bench_profile": bench_profile, "select": select}
+    settings = microbench.bench_settings(args, "layer_bench")
+    config = {"bench_profile": settings.bench_profile, "select": settings.select}
     kept, earlier = microbench.resumed(args.out, config, "layer_bench") if args.resume else ([], None)
-    expr = f"{TEST} and ({select})" if select else TEST
-    with tempfile.TemporaryDirectory() as tmp:
-        json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu, interrupted = microbench.run_benchmarks("layer_bench", bench_profile, expr, json_path, budget_s,
-                                                              done=(r["test"] for r in kept))
-        if not json_path.exists():
-            if microbench.nothing_left("layer_bench", rc, kept, args.out):
-                return 0
-            print(f"layer_bench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
-            return rc or 1
-        doc = json.loads(json_path.read_text())
-    recs = records(doc)
-    write_results(args.out, kept + recs, config=config, overwrite=args.overwrite,
-                  extra_provenance={"pytest_command": cmd[1:], "pytest_exit_code": rc, "gpu_state": gpu,
-                                    **microbench.interruption(interrupted, budget_s), "resumed_from": earlier})
+    expr = f"{TEST} and ({settings.select})" if settings.select else TEST
+    m = microbench.measure("layer_bench", settings, expr, kept, earlier, args.out, records)
+    if isinstance(m, int):
+        return m
+    recs = m.records
+    write_results(args.out, kept + recs, config=config, overwrite=args.overwrite, extra_provenance=m.provenance)
     for r in recs:
         peers = ", ".join(f"{k} {v:.2f}x" for k, v in r["ratio_to_peers"].items())
         print(f"{r['variant']:>14} {r['in_features']}->{r['out_features']} x{r['tokens']}: "
               f"{r['figure']:.3g} {r['unit']} (vs {peers}; path {r['gemm_path']})")
     print(f"layer_bench: {len(recs)} records{f' added to {len(kept)}' if kept else ''} -> {args.out} "
-          f"({microbench.how_pytest_ended(rc, interrupted)})")
-    return microbench.exit_status("layer_bench", rc, len(kept) + len(recs), interrupted)
+          f"({microbench.how_pytest_ended(m.rc, m.interrupted)})")
+    return microbench.exit_status("layer_bench", m.rc, len(kept) + len(recs), m.interrupted)
 
 
 if __name__ == "__main__":

@@ -153,12 +153,40 @@ def run_benchmarks(stage: str, bench_profile: str, select: str | None, json_path
 NO_TESTS_COLLECTED = 5  # pytest's exit code when every test was deselected
 
 
-def nothing_left(stage: str, rc: int, kept: list[dict[str, Any]], out: Path) -> bool:
-    """Whether a resumed run found every selected benchmark in ``out`` already (and says so)."""
-    if kept and rc == NO_TESTS_COLLECTED:
-        print(f"{stage}: every selected benchmark is in {out} already; nothing run, nothing written")
-        return True
-    return False
+class Measured(NamedTuple):
+    """One stage's benchmark run (:func:`measure`): the new records, pytest's exit code and what
+    interrupted it, and the provenance the results file gets."""
+
+    records: list[dict[str, Any]]
+    rc: int
+    interrupted: str | None
+    provenance: dict[str, Any]
+
+
+def measure(stage: str, settings: BenchSettings, select: str | None, kept: list[dict[str, Any]],
+            earlier: dict[str, Any] | None, out: Path, to_records) -> Measured | int:
+    """Run the benchmarks ``select`` names that ``kept`` lacks (:func:`run_benchmarks`) and turn
+    pytest-benchmark's JSON into records with ``to_records``; or the exit status when nothing is to
+    be written: 0 where a resumed run found every benchmark in ``out`` already, else pytest's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        json_path = Path(tmp) / "benchmark.json"
+        rc, cmd, gpu, interrupted = run_benchmarks(stage, settings.bench_profile, select, json_path,
+                                                   settings.budget_s, done=(r["test"] for r in kept))
+        if not json_path.exists():
+            if kept and rc == NO_TESTS_COLLECTED:
+                print(f"{stage}: every selected benchmark is in {out} already; nothing run, nothing written")
+                return 0
+            print(f"{stage}: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
+            return rc or 1
+        doc = json.loads(json_path.read_text())
+    return Measured(to_records(doc), rc, interrupted, {
+        "pytest_command": cmd[1:],
+        "pytest_exit_code": rc,
+        "pytest_benchmark_version": doc.get("version"),
+        "gpu_state": gpu,
+        **interruption(interrupted, settings.budget_s),
+        "resumed_from": earlier,
+    })
 
 
 def add_resume_argument(p: argparse.ArgumentParser) -> None:
@@ -259,32 +287,17 @@ def exit_status(stage: str, rc: int, n_records: int, interrupted: str | None = N
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    bench_profile, select, budget_s = bench_settings(args, "microbench")
+    settings = bench_settings(args, "microbench")
     out = args.out or REPO_ROOT / "results" / "microbench" / f"{device_slug()}.json"
-    config = {"bench_profile": bench_profile, "select": select}
+    config = {"bench_profile": settings.bench_profile, "select": settings.select}
     kept, earlier = resumed(out, config, "microbench") if args.resume else ([], None)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        json_path = Path(tmp) / "benchmark.json"
-        rc, cmd, gpu, interrupted = run_benchmarks("microbench", bench_profile, select, json_path, budget_s,
-                                                   done=(r["test"] for r in kept))
-        if not json_path.exists():
-            if nothing_left("microbench", rc, kept, out):
-                return 0
-            print(f"microbench: pytest exited {rc} without benchmark JSON; nothing written", file=sys.stderr)
-            return rc or 1
-        doc = json.loads(json_path.read_text())
-    records = kept + records_from_benchmark_json(doc)
-    write_results(out, records, config=config, overwrite=args.overwrite, extra_provenance={
-        "pytest_command": cmd[1:],
-        "pytest_exit_code": rc,
-        "pytest_benchmark_version": doc.get("version"),
-        "gpu_state": gpu,
-        **interruption(interrupted, budget_s),
-        "resumed_from": earlier,
-    })
-    print(f"microbench: {len(records)} records -> {out} ({how_pytest_ended(rc, interrupted)})")
-    return exit_status("microbench", rc, len(records), interrupted)
+    m = measure("microbench", settings, settings.select, kept, earlier, out, records_from_benchmark_json)
+    if isinstance(m, int):
+        return m
+    records = kept + m.records
+    write_results(out, records, config=config, overwrite=args.overwrite, extra_provenance=m.provenance)
+    print(f"microbench: {len(records)} records -> {out} ({how_pytest_ended(m.rc, m.interrupted)})")
+    return exit_status("microbench", m.rc, len(records), m.interrupted)
 
 
 if __name__ == "__main__":

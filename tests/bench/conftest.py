@@ -110,10 +110,10 @@ def pytest_collection_modifyitems(config, items):
         return
     with open(path) as f:
         done = set(f.read().splitlines())
-    kept = [item for item in items if item.name not in done]
-    if len(kept) < len(items):
-        config.hook.pytest_deselected(items=[item for item in items if item.name in done])
-        items[:] = kept
+    deselected = [item for item in items if item.name in done]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item.name not in done]
 
 
 def pytest_generate_tests(metafunc):
