@@ -461,7 +461,8 @@ def layer_profile_section(res: Results) -> list[str]:
     return ["", "Where the time goes (`scripts/profile_layer.py`): each layer's wall time a forward + backward, its "
             "passes launched back to back, and its kernels' device time by kind under `torch.profiler`, in µs; "
             "where the wall time exceeds the device time, the host bounds the layer. The last column is the host "
-            "time of the suite's own operators (`adahop::*`: their Python and launches) a pass, under the profiler.", "",
+            "time of the suite's own operators (`adahop::*`: their Python and launches) a pass, under the profiler, "
+            "as far as the file lists them (the host's largest operators by their own CPU time).", "",
             *table(["layer (tokens, in, out)", "layer", "wall", "device", *PROFILE_KINDS, "host: adahop::*"], rows),
             "", source(*docs.values())]
 
