@@ -9,8 +9,11 @@ traces through it without running it, and ``torch.library.opcheck`` passes for e
 them in the checked public functions, and the layer calls them inside its autograd Function, so a
 converted model compiles as one graph.
 
-Why ``custom_op`` and not ``triton_op``: the kernels are autotuned and already fused, so there is
-nothing for Inductor to fuse into them, and the same operator must run the reference on CPU.
+``quantize`` and ``fp8_encode``, on the layer's path, are ``torch.library.triton_op``: under
+``torch.compile`` on a GPU their kernel launches and allocations become part of the generated code
+(no call back into Python a layer step); each has an opaque ``custom_op`` twin (``*_opaque``) for
+the reference and the interpreter. The others are ``custom_op``: off the layer's path, or not
+Triton (the GEMMs).
 
 Request strings. :func:`quantize` takes one request per orientation of ``x (M, K)``: ``""`` (not
 wanted) or comma-separated flags: ``hadamard`` (block-Hadamard first), ``packed`` (write packed
@@ -153,17 +156,24 @@ def _quantize_reference(x, signs_k, signs_m, seed, rk, rm, hadamard_size, roundi
     return outs
 
 
-def _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy):
+def _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy, launch=None):
     from adahop_kernels import hadamard_quantize as hq
 
     def side(req, signs):
         return None if req is None else hq.Side(req.hadamard, signs, req.packed, req.fp8, req.amax)
 
     return hq.quantize(x, side(rk, signs_k), side(rm, signs_m), hadamard_size=hadamard_size, rounding=rounding,
-                       seed=seed, nan_policy=nan_policy)
+                       seed=seed, nan_policy=nan_policy, launch=launch)
 
 
-@torch.library.custom_op("adahop::quantize", mutates_args=())
+def _traced(x: torch.Tensor, backend: str) -> bool:
+    """Whether a Triton-backed operator runs its kernels through ``wrap_triton`` (a CUDA tensor on the
+    Triton backend), which ``torch.compile`` then launches itself; otherwise the operator calls its
+    opaque twin (the reference, or the kernels under the interpreter, which Inductor cannot launch)."""
+    return backend == "triton" and x.device.type == "cuda"
+
+
+@torch.library.triton_op("adahop::quantize", mutates_args=())
 def quantize(
     x: torch.Tensor,
     signs_k: torch.Tensor | None,
@@ -186,7 +196,38 @@ def quantize(
     device, the stochastic rounding's draw (read only under ``rounding="sr"``).
 
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x or x.T))`` and its FP8 re-encodings.
+
+    A ``triton_op``: on a GPU, ``torch.compile`` sees the two kernel launches and the allocations,
+    and its generated code makes them, instead of calling back into this Python (whose checks,
+    allocations and Triton launches cost more host time than the kernels take on the device at
+    most of a layer's shapes: ``scripts/host_cost.py``). ``nan_policy="raise"`` (a check that
+    reads the data) and a stochastic rounding without ``seed`` (a draw on the host) run opaque.
     """
+    if _traced(x, backend) and nan_policy == "propagate" and (seed is not None or rounding != "sr"):
+        outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
+                                hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
+        return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
+    return torch.ops.adahop.quantize_opaque(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size,
+                                            rounding, nan_policy, backend)
+
+
+@torch.library.custom_op("adahop::quantize_opaque", mutates_args=())
+def quantize_opaque(
+    x: torch.Tensor,
+    signs_k: torch.Tensor | None,
+    signs_m: torch.Tensor | None,
+    seed: torch.Tensor | None,
+    request_k: str,
+    request_m: str,
+    hadamard_size: int,
+    rounding: str,
+    nan_policy: str,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`quantize`, opaque to ``torch.compile``: the reference (whose results must not depend on
+    how Inductor would fuse it), the kernels under the interpreter, and the cases :func:`quantize`
+    names."""
     rk, rm = parse_request(request_k), parse_request(request_m)
     if backend == "triton":
         outs = _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
@@ -218,7 +259,7 @@ def _fake_side(x: torch.Tensor, rows: int, n: int, req: Request | None) -> list[
     return out
 
 
-@quantize.register_fake
+@quantize_opaque.register_fake
 def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend):
     m, k = x.shape
     return tuple(_fake_side(x, m, k, parse_request(request_k)) + _fake_side(x, k, m, parse_request(request_m)))
@@ -228,16 +269,28 @@ def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, 
 # fp8_encode: packed MXFP4 -> exact FP8 GEMM operand (the copies saved for backward)
 
 
-@torch.library.custom_op("adahop::fp8_encode", mutates_args=())
+@torch.library.triton_op("adahop::fp8_encode", mutates_args=())
 def fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 ``(rows, K)`` and fp32 scales (by ``layout``) of packed MXFP4 ``(rows, K)``.
 
     Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` (``row``) or ``to_fp8_ref(t, layout)``.
+    A ``triton_op`` for the reason :func:`quantize` is one.
     """
+    if _traced(codes, backend):
+        from adahop_kernels.fp8_reencode import fp8_reencode
+
+        return fp8_reencode(MXFP4Tensor(codes, scales), layout, launch=torch.library.wrap_triton)
+    return torch.ops.adahop.fp8_encode_opaque(codes, scales, layout, backend)
+
+
+@torch.library.custom_op("adahop::fp8_encode_opaque", mutates_args=())
+def fp8_encode_opaque(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`fp8_encode`, opaque to ``torch.compile`` (the reference, the interpreter)."""
     return _fp8_of(MXFP4Tensor(codes, scales), layout, backend)
 
 
-@fp8_encode.register_fake
+@fp8_encode_opaque.register_fake
 def _(codes, scales, layout, backend):
     rows, n = codes.shape[0], codes.shape[1] * 2
     shape, stride = fp8_scale_shape(rows, n, layout)

@@ -29,6 +29,17 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _as_is(kernel):
+    return kernel
+
+
+def launcher(launch=None):
+    """What a kernel handle is launched through: ``launch`` (``torch.library.wrap_triton`` inside a
+    ``torch.library.triton_op``, so that ``torch.compile`` sees the launch and makes it itself) on a
+    GPU; the handle as it is under the interpreter or without ``launch``."""
+    return launch if launch is not None and not INTERPRETED else _as_is
+
+
 def kernel_config_choice() -> int | None:
     """The config index ``$ADAHOP_KERNEL_CONFIG`` asks for: None where unset or ``tuned`` (the
     autotuner times every config that fits), 0 for ``first``, n for an index n (the n-th config

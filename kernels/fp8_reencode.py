@@ -43,6 +43,7 @@ from adahop_kernels._common import (
     exp2_int,
     group_broadcast,
     group_max,
+    launcher,
 )
 
 GENERAL_K = tl.constexpr(32)  # columns a slice of the rowwise general path
@@ -182,13 +183,14 @@ _tuned_group_kernel = autotune(
 )
 
 
-def fp8_reencode(t: MXFP4Tensor, layout: str = "row") -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_reencode(t: MXFP4Tensor, layout: str = "row", launch=None) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 ``(M, K)`` and its fp32 scales of a 2-D MXFP4 tensor ``(M, K)`` in ``layout``.
 
     ``layout``: ``"row"`` (scales ``(M, 1)``), ``"seg128"`` (``(M, K/128)`` with strides ``(1, M)``;
     K a multiple of 128) or ``"tile128"`` (``(M/128, K/128)`` contiguous; M and K multiples of
     128). K is a multiple of 32 (as for every MXFP4 tensor). CUDA tensors, or CPU tensors under
-    ``TRITON_INTERPRET=1``. Equivalent to :func:`adahop.formats.to_fp8_ref` bit for bit.
+    ``TRITON_INTERPRET=1``. Equivalent to :func:`adahop.formats.to_fp8_ref` bit for bit. ``launch``:
+    as for :func:`adahop_kernels.hadamard_quantize.quantize`.
     """
     check_mxfp4_operand(t, "t")
     check_device(t.codes, "t")
@@ -203,7 +205,8 @@ def fp8_reencode(t: MXFP4Tensor, layout: str = "row") -> tuple[torch.Tensor, tor
         scale = torch.empty((m // FP8_GROUP, k // FP8_GROUP), dtype=torch.float32, device=t.device)
     if m == 0 or k == 0:
         return fp8, scale
-    codes = t.codes if t.codes.data_ptr() % 4 == 0 else t.codes.clone()  # read as 32-bit words
+    # Read as 32-bit words: allocations start aligned, so the offset says (and a traced tensor has no address).
+    codes = t.codes if t.codes.storage_offset() % 4 == 0 else t.codes.clone()
     args = dict(codes_ptr=codes, scales_ptr=t.scales, fp8_ptr=fp8.view(torch.uint8), M=m, K=k)
     if layout == "row":
         if INTERPRETED:
@@ -211,7 +214,7 @@ def fp8_reencode(t: MXFP4Tensor, layout: str = "row") -> tuple[torch.Tensor, tor
             _fp8_reencode_kernel[(cdiv(m, 64),)](**args, row_scale_ptr=scale, BLOCK_M=64,
                                                         BLOCK_K=min(512, triton.next_power_of_2(k)))
         else:
-            _tuned_kernel[lambda meta: (cdiv(m, meta["BLOCK_M"]),)](**args, row_scale_ptr=scale)
+            launcher(launch)(_tuned_kernel)[lambda meta: (cdiv(m, meta["BLOCK_M"]),)](**args, row_scale_ptr=scale)
         return fp8, scale
     group_m = 1 if layout == "seg128" else FP8_GROUP
     args.update(group_scale_ptr=scale, GROUP_M=group_m)
@@ -220,5 +223,6 @@ def fp8_reencode(t: MXFP4Tensor, layout: str = "row") -> tuple[torch.Tensor, tor
         block_m = max(group_m, min(65536 // block_k, triton.next_power_of_2(m)))
         _fp8_group_kernel[(cdiv(m, block_m), cdiv(k, block_k))](**args, BLOCK_M=block_m, BLOCK_K=block_k)
     else:
-        _tuned_group_kernel[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(k, meta["BLOCK_K"]))](**args)
+        launcher(launch)(_tuned_group_kernel)[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(k, meta["BLOCK_K"]))](
+            **args)
     return fp8, scale

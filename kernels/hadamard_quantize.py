@@ -119,6 +119,7 @@ from adahop_kernels._common import (
     flip_sign,
     group_broadcast,
     group_max,
+    launcher,
     to_fp32,
 )
 
@@ -798,14 +799,14 @@ def _allocate(side: Side | None, rows: int, n: int, device: torch.device) -> dic
     return out
 
 
-def _side_out(side: Side | None, out: dict) -> SideOut | None:
+def _side_out(side: Side | None, out: dict, launch=None) -> SideOut | None:
     if side is None:
         return None
     fp8, fp8_scale = out.get("fp8"), out.get("fp8_scale")
     if side.fp8 == "row":
         from adahop_kernels.fp8_reencode import fp8_reencode
 
-        fp8, fp8_scale = fp8_reencode(MXFP4Tensor(out["codes"], out["scales"]), "row")
+        fp8, fp8_scale = fp8_reencode(MXFP4Tensor(out["codes"], out["scales"]), "row", launch=launch)
     elif side.fp8 == "seg128":
         fp8_scale = fp8_scale.t()
     return SideOut(out.get("codes") if side.packed else None, out.get("scales") if side.packed else None,
@@ -821,6 +822,7 @@ def quantize(
     rounding: str = "rne",
     seed: int | torch.Tensor | None = None,
     nan_policy: str = "propagate",
+    launch=None,
 ) -> tuple[SideOut | None, SideOut | None]:
     """Quantize ``x (M, K)`` along K, along M (its transpose), or both from one read; GPU or interpreter.
 
@@ -834,7 +836,8 @@ def quantize(
     a function of (seed, orientation, output row, output column) only. seg128/tile128 FP8 is
     written by the quantizing pass itself; "row" re-encodes its packed codes afterwards. Blocks of
     NaN/Inf input, or whose ±1 sums pass the fp32 range, are redone by a second, small launch that
-    returns at once where there are none (a few µs).
+    returns at once where there are none (a few µs). ``launch``: applied to each kernel handle
+    before its launch (``torch.library.wrap_triton`` inside a ``triton_op``); None launches it as is.
 
     Equivalent to, per requested orientation with ``xo = x`` (along K) or ``x.T`` (along M):
     ``q = adahop.ops.hadamard_quantize_ref(xo, side.hadamard, hadamard_size, side.signs, rounding)``,
@@ -859,6 +862,7 @@ def quantize(
         raise ValueError("x holds NaN or Inf values and nan_policy='raise'")
 
     out_k, out_m = _allocate(along_k, m, k, x.device), _allocate(along_m, k, m, x.device)
+    wrap = launcher(launch)
     if m and k:
         c_hi, c_lo = _scale_split(hadamard_size)
         flags = dict(
@@ -897,12 +901,12 @@ def quantize(
             grid = (cdiv(m, blocks["BLOCK_M"]), cdiv(k, blocks["BLOCK_K"]))
             _hadamard_quantize_kernel[grid](**args, flag_ptr=marks, **blocks)
         else:
-            _tuned_kernel[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(k, meta["BLOCK_K"]))](
+            wrap(_tuned_kernel)[lambda meta: (cdiv(m, meta["BLOCK_M"]), cdiv(k, meta["BLOCK_K"]))](
                 **args, flag_ptr=marks)
         redo = {n: v for n, v in args.items() if n not in ("amax_ptr", "amax_t_ptr", "AMAX", "AMAX_T")}
-        _redo_kernel[(cdiv(n_flags, REDO_CHUNK),)](marks, n_flags, **redo, CHUNK=REDO_CHUNK,
-                                                          num_warps=8, num_stages=1)
-    return _side_out(along_k, out_k), _side_out(along_m, out_m)
+        wrap(_redo_kernel)[(cdiv(n_flags, REDO_CHUNK),)](marks, n_flags, **redo, CHUNK=REDO_CHUNK,
+                                                         num_warps=8, num_stages=1)
+    return _side_out(along_k, out_k, launch), _side_out(along_m, out_m, launch)
 
 
 def _mxfp4(out: SideOut) -> MXFP4Tensor:
