@@ -378,6 +378,9 @@ def _quantize_store(
     """
     NB: tl.constexpr = BR * BC // 32
     SB: tl.constexpr = BC // 32  # MX blocks of a tile row
+    # fp32 (exact): torch.compile's launcher passes a host float as fp64, Triton's own as fp32.
+    c_hi = tl.cast(c_hi, tl.float32)
+    c_lo = tl.cast(c_lo, tl.float32)
     b = tl.arange(0, NB)
     rows = (row0 + b // SB).to(tl.int64)  # of each block
     cblk = col0 // 32 + b % SB
