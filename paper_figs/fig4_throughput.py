@@ -1,7 +1,9 @@
 """Figure 4: kernel and layer throughput against the ceilings measured in the same run.
 
 Reads results/microbench/<profile>/kernels.json (experiments/microbench.py) and
-results/layer_bench/<profile>/layers.json (experiments/layer_bench.py). Every record holds its
+results/layer_bench/<profile>/layers.json (experiments/layer_bench.py), then any other layer file of
+the stage (a variant measured later, another GPU): a variant that layers.json lacks is drawn from the
+first such file that has it, labelled with that run's GPU where it differs. Every record holds its
 ``figure`` in ``unit`` (GB/s for memory-bound ops: bytes read + written; TFLOP/s for GEMMs and
 layers), the ``ceiling`` measured in the same process (``ceiling_name``: ``copy``,
 ``cublas-fp8-rowwise`` on the H200, ``torch-fp32-matmul`` on a CPU) and ``peers`` (e.g.
@@ -41,6 +43,18 @@ def tokens_label(n: int) -> str:
     return f"{n // 1024}k" if n % 1024 == 0 else str(n)
 
 
+def first_file_per_variant(layers: pd.DataFrame, devices: dict[str, str]) -> pd.DataFrame:
+    """Each variant's records from one file only: the first (in the frame's order) that has it; a
+    variant from a file measured on another GPU than the first file's is named with that GPU. Every
+    ratio stays one run's: a variant and the bf16 layer it is divided by were measured together."""
+    first = layers["path"].iloc[0]
+    owner = layers.drop_duplicates("variant").set_index("variant")["path"]
+    keep = layers[[owner[v] == p for v, p in zip(layers["variant"], layers["path"])]]
+    label = [v if devices.get(p) == devices.get(first) else f"{v} ({devices.get(p)})"
+             for v, p in zip(keep["variant"], keep["path"])]
+    return keep.assign(variant=label)
+
+
 def layer_frame(layers: pd.DataFrame) -> pd.DataFrame:
     """Long frame (layer, series, speed-up over nn.Linear bf16) of every variant and peer."""
     rows = []
@@ -77,6 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     recs = common.records(docs, ["test", "op", "shape", "unit", "figure", "ceiling", "ceiling_name", "peers"])
     is_layer = recs["test"].str.startswith("test_layer_fwd_bwd")
     kernels, layers = recs[~is_layer], recs[is_layer]
+    if not layers.empty:
+        layers = first_file_per_variant(layers, {d["path"]: common.device_label([d]) for d in docs})
     memory = kernels[kernels["unit"] == "GB/s"]
     gemms = kernels[kernels["unit"] == "TFLOP/s"]
 

@@ -13,11 +13,13 @@ FIGURE_DIR = f"paper_figs/out/{PROFILE}"
 # later, another GPU) are drawn with them in figure 7, as the report lists every file of the stage.
 THROUGHPUT_EXTRA = sorted(set(glob.glob(f"results/throughput/{PROFILE}/*.json"))
                           - {results_path("throughput", name) for name in THROUGHPUT})
+# Likewise layer files beside layers.json in figure 4 (a variant layers.json lacks).
+LAYER_EXTRA = sorted(set(glob.glob(f"results/layer_bench/{PROFILE}/*.json")) - {results_path("layer_bench", "layers")})
 FIGURE_INPUTS = {
     "fig1_patterns": [results_path("patterns", "patterns")],
     "fig2_pair_error": [results_path("patterns", "patterns")],
     "fig3_loss": [results_path("pretrain", run) for run in RUNS],
-    "fig4_throughput": [results_path("microbench", "kernels"), results_path("layer_bench", "layers")],
+    "fig4_throughput": [results_path("microbench", "kernels"), results_path("layer_bench", "layers")] + LAYER_EXTRA,
     "fig5_memory": [results_path("memory", "memory")],
     "fig6_lm_eval": [results_path("eval", run) for run in RUNS],
     "fig7_e2e_throughput": [results_path("throughput", name) for name in THROUGHPUT] + THROUGHPUT_EXTRA,
