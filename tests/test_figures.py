@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from PIL import Image
@@ -336,3 +337,13 @@ def test_loss_figures_draw_a_recipe_far_off_the_rest_at_the_edge_with_its_value(
     assert lo <= min(rest) and max(rest) <= hi < min(hot)
     assert f"{np.mean(hot):.2f} →" in drawn["texts"]
     assert any(t.startswith("hot: off scale (above)") for t in drawn["gap_texts"])
+
+
+def test_layer_figure_takes_each_variant_from_the_first_file_that_has_it_and_names_another_gpu():
+    figure = load(ROOT / "paper_figs" / "fig4_throughput.py")
+    frame = pd.DataFrame({"variant": ["iht", "mxfp4", "iht", "hot", "hot", "iht"],
+                          "path": ["main", "main", "later", "later", "later", "same-gpu"]})
+    kept = figure.first_file_per_variant(frame, {"main": "H200", "later": "H100", "same-gpu": "H200"})
+    # iht from the first file only; hot from the later file, named with its GPU
+    assert list(kept["variant"]) == ["iht", "mxfp4", "hot (H100)", "hot (H100)"]
+    assert list(kept["path"]) == ["main", "main", "later", "later"]
