@@ -9,10 +9,10 @@ traces through it without running it, and ``torch.library.opcheck`` passes for e
 them in the checked public functions, and the layer calls them inside its autograd Function, so a
 converted model compiles as one graph.
 
-``quantize`` and ``fp8_encode``, on the layer's path, are ``torch.library.triton_op``: under
-``torch.compile`` on a GPU their kernel launches and allocations become part of the generated code
-(no call back into Python a layer step); each has an opaque ``custom_op`` twin (``*_opaque``) for
-the reference and the interpreter. The others are ``custom_op``: off the layer's path, or not
+``quantize`` and ``fp8_encode``, on the layer's path, are ``torch.library.triton_op``: with
+``ADAHOP_INDUCTOR_LAUNCHES=1``, under ``torch.compile`` on a GPU, their kernel launches and
+allocations become part of the generated code (no call back into Python a layer step); otherwise,
+and for the reference and the interpreter, they call an opaque ``custom_op`` twin (``*_opaque``). The others are ``custom_op``: off the layer's path, or not
 Triton (the GEMMs).
 
 Request strings. :func:`quantize` takes one request per orientation of ``x (M, K)``: ``""`` (not
@@ -27,6 +27,7 @@ each (cached).
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import torch
@@ -166,11 +167,26 @@ def _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding,
                        seed=seed, nan_policy=nan_policy, launch=launch)
 
 
+INDUCTOR_LAUNCHES_ENV = "ADAHOP_INDUCTOR_LAUNCHES"
+
+
+def inductor_launches() -> bool:
+    """``$ADAHOP_INDUCTOR_LAUNCHES``: ``1`` lets ``torch.compile`` launch the quantize and re-encode
+    kernels from its generated code (:func:`quantize`); ``0`` or unset keeps them behind the opaque
+    operators. Off by default until the GPU gradient tests (``tests/test_compile.py``) have passed
+    with it on."""
+    value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"${INDUCTOR_LAUNCHES_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
 def _traced(x: torch.Tensor, backend: str) -> bool:
     """Whether a Triton-backed operator runs its kernels through ``wrap_triton`` (a CUDA tensor on the
-    Triton backend), which ``torch.compile`` then launches itself; otherwise the operator calls its
-    opaque twin (the reference, or the kernels under the interpreter, which Inductor cannot launch)."""
-    return backend == "triton" and x.device.type == "cuda"
+    Triton backend, :func:`inductor_launches` on), which ``torch.compile`` then launches itself;
+    otherwise the operator calls its opaque twin (the reference, or the kernels under the
+    interpreter, which Inductor cannot launch)."""
+    return inductor_launches() and backend == "triton" and x.device.type == "cuda"
 
 
 @torch.library.triton_op("adahop::quantize", mutates_args=())
@@ -197,8 +213,8 @@ def quantize(
 
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x or x.T))`` and its FP8 re-encodings.
 
-    A ``triton_op``: on a GPU, ``torch.compile`` sees the two kernel launches and the allocations,
-    and its generated code makes them, instead of calling back into this Python (whose checks,
+    A ``triton_op``: on a GPU with :func:`inductor_launches` on, ``torch.compile`` sees the two kernel
+    launches and the allocations, and its generated code makes them, instead of calling back into this Python (whose checks,
     allocations and Triton launches cost more host time than the kernels take on the device at
     most of a layer's shapes: ``scripts/host_cost.py``). ``nan_policy="raise"`` (a check that
     reads the data) and a stochastic rounding without ``seed`` (a draw on the host) run opaque.

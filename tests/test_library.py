@@ -221,3 +221,25 @@ def test_counter_hash_draws_are_one_operator_in_a_compiled_graph(draws):
     targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
     assert any(f"adahop.{draws}" in t for t in targets), targets
     assert not any("bitwise_xor" in t or "xor" in t.split(".")[-1] for t in targets), targets
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true"])
+def test_inductor_launches_switch_refuses_a_value_it_does_not_know(monkeypatch, value):
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, value)
+    x = torch.randn(64, 64)
+    with pytest.raises(ValueError, match="ADAHOP_INDUCTOR_LAUNCHES must be 0 or 1"):
+        library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")
+
+
+def test_inductor_launches_switch_leaves_cpu_tensors_to_the_opaque_operators(monkeypatch):
+    """On a CPU the kernels run under the interpreter, which Inductor cannot launch: with the switch
+    on, the operators still call their opaque twins, and compile to the eager results."""
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "1")
+    x = torch.randn(64, 128)
+    fn = lambda t: library.quantize(t, None, None, None, "hadamard,packed,fp8=seg128", "packed", 32, "rne",  # noqa: E731
+                                    "propagate", "reference")
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+    for got, want in zip(compiled, fn(x)):
+        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
+                           want.view(torch.uint8) if want.dtype == torch.float8_e4m3fn else want)

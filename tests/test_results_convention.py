@@ -29,6 +29,9 @@ DIRTY_EXEMPT: dict[str, str] = {
     "results/throughput/gpu/ab/125m_compile_loss_f_cross_entropy.json":
         "the compiled-loss A/B's baseline: the tree at its commit with adahop/harness/model.py as at "
         "c80e46f (F.cross_entropy), the one difference the A/B measures (DESIGN §6)",
+    "results/layer_bench/gpu/host/host-cost-triton-op.json":
+        "the GPU machine's copy of the tree at d1be70f reported a tracked file changed that we could not "
+        "find (every change was committed before the run); the operators it times are d1be70f's",
 }
 
 
