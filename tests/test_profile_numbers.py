@@ -293,3 +293,25 @@ def test_design_layer_profile_figures_are_the_profile_files():
     shapes = listed([f"{second[s]:.2f}×" for s in ("q/o", "gate/up", "down")])
     want = f"gave {shapes} bf16 there"
     assert want in text, f"DESIGN §6 does not say {want!r}"
+
+
+def test_design_host_cost_figures_are_the_host_cost_files():
+    """DESIGN §6's account of the layer's host time quotes results/layer_bench/gpu/host/."""
+    folder = ROOT / "results" / "layer_bench" / "gpu" / "host"
+    old, new = ({r["name"]: r["us_per_call"] for r in json.loads((folder / f"host-cost-{name}.json").read_text())["records"]}
+                for name in ("custom-op", "triton-op"))
+    allocs = [old[k] for k in ("alloc-empty0", "alloc-empty", "alloc-zeros")]
+    text = prose(DESIGN)
+    for want in (
+        f"the compiled layer's forward + backward took {old['layer-compiled']:.0f} µs of host time and one "
+        f"`adahop::quantize` call {old['op-quantize']:.0f} µs, of which the operator's dispatch "
+        f"{old['op-quantize'] - old['kernels-quantize']:.0f} µs (the kernels' host function called directly: "
+        f"{old['kernels-quantize']:.0f} µs), the autotuned kernel's launch {old['launch-tuned']:.0f} µs and the redo "
+        f"kernel's {old['launch-redo']:.0f} µs; the allocations {min(allocs):.0f}–{max(allocs):.0f} µs each",
+        f"same direct call in {new['kernels-quantize']:.0f} µs), the compiled step took {new['layer-compiled']:.0f} µs: "
+        f"{new['layer-compiled'] / new['kernels-quantize']:.1f} direct calls' worth of host time against "
+        f"{old['layer-compiled'] / old['kernels-quantize']:.1f}",
+        f"(a `quantize` call {new['op-quantize'] / new['kernels-quantize']:.2f} direct calls against "
+        f"{old['op-quantize'] / old['kernels-quantize']:.2f})",
+    ):
+        assert want in text, f"DESIGN §6 does not say {want!r}"
