@@ -9,11 +9,10 @@ traces through it without running it, and ``torch.library.opcheck`` passes for e
 them in the checked public functions, and the layer calls them inside its autograd Function, so a
 converted model compiles as one graph.
 
-``quantize`` and ``fp8_encode``, on the layer's path, are ``torch.library.triton_op``: with
-``ADAHOP_INDUCTOR_LAUNCHES=1``, under ``torch.compile`` on a GPU, their kernel launches and
-allocations become part of the generated code (no call back into Python a layer step); otherwise,
-and for the reference and the interpreter, they call an opaque ``custom_op`` twin (``*_opaque``). The others are ``custom_op``: off the layer's path, or not
-Triton (the GEMMs).
+The two on the layer's path, ``quantize`` and ``fp8_encode``, each have a ``*_launched`` twin, a
+``torch.library.triton_op``: under ``torch.compile`` on a GPU its kernel launches and allocations
+become part of the generated code (no call back into Python a layer step). :func:`quantize` and
+:func:`fp8_encode` call the twin where ``ADAHOP_INDUCTOR_LAUNCHES=1`` (:func:`inductor_launches`).
 
 Request strings. :func:`quantize` takes one request per orientation of ``x (M, K)``: ``""`` (not
 wanted) or comma-separated flags: ``hadamard`` (block-Hadamard first), ``packed`` (write packed
@@ -181,16 +180,36 @@ def inductor_launches() -> bool:
     return value == "1"
 
 
-def _traced(x: torch.Tensor, backend: str) -> bool:
-    """Whether a Triton-backed operator runs its kernels through ``wrap_triton`` (a CUDA tensor on the
-    Triton backend, :func:`inductor_launches` on), which ``torch.compile`` then launches itself;
-    otherwise the operator calls its opaque twin (the reference, or the kernels under the
-    interpreter, which Inductor cannot launch)."""
+def _launched(x: torch.Tensor, backend: str) -> bool:
+    """Whether a Triton-backed operator call goes to its ``*_launched`` twin, whose kernels
+    ``torch.compile`` launches itself: :func:`inductor_launches` on, a CUDA tensor, the Triton
+    backend (the interpreter's kernels Inductor cannot launch; the reference stays opaque, so that
+    its results do not depend on how Inductor would fuse it)."""
     return inductor_launches() and backend == "triton" and x.device.type == "cuda"
 
 
-@torch.library.triton_op("adahop::quantize", mutates_args=())
 def quantize(
+    x: torch.Tensor,
+    signs_k: torch.Tensor | None,
+    signs_m: torch.Tensor | None,
+    seed: torch.Tensor | None,
+    request_k: str,
+    request_m: str,
+    hadamard_size: int,
+    rounding: str,
+    nan_policy: str,
+    backend: str,
+) -> tuple[torch.Tensor, ...]:
+    """``torch.ops.adahop.quantize``, or ``quantize_launched`` where :func:`_launched` says so and the
+    call reads nothing on the host (``nan_policy="propagate"``, a seed for the stochastic rounding)."""
+    args = (x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend)
+    if _launched(x, backend) and nan_policy == "propagate" and (seed is not None or rounding != "sr"):
+        return torch.ops.adahop.quantize_launched(*args)
+    return torch.ops.adahop.quantize(*args)
+
+
+@torch.library.custom_op("adahop::quantize", mutates_args=())
+def _quantize(
     x: torch.Tensor,
     signs_k: torch.Tensor | None,
     signs_m: torch.Tensor | None,
@@ -212,23 +231,17 @@ def quantize(
     device, the stochastic rounding's draw (read only under ``rounding="sr"``).
 
     Equivalent to ``quantize_mxfp4_ref(block_hadamard_ref(x or x.T))`` and its FP8 re-encodings.
-
-    A ``triton_op``: on a GPU with :func:`inductor_launches` on, ``torch.compile`` sees the two kernel
-    launches and the allocations, and its generated code makes them, instead of calling back into this Python (whose checks,
-    allocations and Triton launches cost more host time than the kernels take on the device at
-    most of a layer's shapes: ``scripts/host_cost.py``). ``nan_policy="raise"`` (a check that
-    reads the data) and a stochastic rounding without ``seed`` (a draw on the host) run opaque.
     """
-    if _traced(x, backend) and nan_policy == "propagate" and (seed is not None or rounding != "sr"):
-        outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
-                                hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
+    rk, rm = parse_request(request_k), parse_request(request_m)
+    if backend == "triton":
+        outs = _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
         return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
-    return torch.ops.adahop.quantize_opaque(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size,
-                                            rounding, nan_policy, backend)
+    (qk, ak), (qm, am) = _quantize_reference(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
+    return tuple(_side_outputs(x, qk, rk, ak, backend) + _side_outputs(x, qm, rm, am, backend))
 
 
-@torch.library.custom_op("adahop::quantize_opaque", mutates_args=())
-def quantize_opaque(
+@torch.library.triton_op("adahop::quantize_launched", mutates_args=())
+def _quantize_launched(
     x: torch.Tensor,
     signs_k: torch.Tensor | None,
     signs_m: torch.Tensor | None,
@@ -241,15 +254,17 @@ def quantize_opaque(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
            torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`quantize`, opaque to ``torch.compile``: the reference (whose results must not depend on
-    how Inductor would fuse it), the kernels under the interpreter, and the cases :func:`quantize`
-    names."""
-    rk, rm = parse_request(request_k), parse_request(request_m)
-    if backend == "triton":
-        outs = _quantize_triton(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
-        return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
-    (qk, ak), (qm, am) = _quantize_reference(x, signs_k, signs_m, seed, rk, rm, hadamard_size, rounding, nan_policy)
-    return tuple(_side_outputs(x, qk, rk, ak, backend) + _side_outputs(x, qm, rm, am, backend))
+    """``adahop::quantize`` as a ``triton_op``: under ``torch.compile`` on a GPU its two kernel
+    launches and its allocations become the generated code's, instead of a call back into this
+    Python each layer step (whose dispatch, checks and Triton launches cost more host time than the
+    kernels take on the device at most of a layer's shapes: ``scripts/host_cost.py``). Anything but
+    a CUDA tensor on the Triton backend goes to ``adahop::quantize``."""
+    if not (backend == "triton" and x.device.type == "cuda"):
+        return torch.ops.adahop.quantize(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size,
+                                         rounding, nan_policy, backend)
+    outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
+                            hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
+    return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
 
 
 def _kernel_outputs(x: torch.Tensor, out) -> list[torch.Tensor]:
@@ -275,7 +290,7 @@ def _fake_side(x: torch.Tensor, rows: int, n: int, req: Request | None) -> list[
     return out
 
 
-@quantize_opaque.register_fake
+@_quantize.register_fake
 def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend):
     m, k = x.shape
     return tuple(_fake_side(x, m, k, parse_request(request_k)) + _fake_side(x, k, m, parse_request(request_m)))
@@ -285,28 +300,33 @@ def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, 
 # fp8_encode: packed MXFP4 -> exact FP8 GEMM operand (the copies saved for backward)
 
 
-@torch.library.triton_op("adahop::fp8_encode", mutates_args=())
 def fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.ops.adahop.fp8_encode``, or ``fp8_encode_launched`` where :func:`_launched` says so."""
+    op = torch.ops.adahop.fp8_encode_launched if _launched(codes, backend) else torch.ops.adahop.fp8_encode
+    return op(codes, scales, layout, backend)
+
+
+@torch.library.custom_op("adahop::fp8_encode", mutates_args=())
+def _fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 ``(rows, K)`` and fp32 scales (by ``layout``) of packed MXFP4 ``(rows, K)``.
 
     Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` (``row``) or ``to_fp8_ref(t, layout)``.
-    A ``triton_op`` for the reason :func:`quantize` is one.
     """
-    if _traced(codes, backend):
-        from adahop_kernels.fp8_reencode import fp8_reencode
-
-        return fp8_reencode(MXFP4Tensor(codes, scales), layout, launch=torch.library.wrap_triton)
-    return torch.ops.adahop.fp8_encode_opaque(codes, scales, layout, backend)
-
-
-@torch.library.custom_op("adahop::fp8_encode_opaque", mutates_args=())
-def fp8_encode_opaque(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`fp8_encode`, opaque to ``torch.compile`` (the reference, the interpreter)."""
     return _fp8_of(MXFP4Tensor(codes, scales), layout, backend)
 
 
-@fp8_encode_opaque.register_fake
+@torch.library.triton_op("adahop::fp8_encode_launched", mutates_args=())
+def _fp8_encode_launched(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``adahop::fp8_encode`` as a ``triton_op``, for the reason ``adahop::quantize_launched`` is one."""
+    if not (backend == "triton" and codes.device.type == "cuda"):
+        return torch.ops.adahop.fp8_encode(codes, scales, layout, backend)
+    from adahop_kernels.fp8_reencode import fp8_reencode
+
+    return fp8_reencode(MXFP4Tensor(codes, scales), layout, launch=torch.library.wrap_triton)
+
+
+@_fp8_encode.register_fake
 def _(codes, scales, layout, backend):
     rows, n = codes.shape[0], codes.shape[1] * 2
     shape, stride = fp8_scale_shape(rows, n, layout)

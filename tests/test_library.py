@@ -26,6 +26,13 @@ def seed(device: str = "cpu") -> torch.Tensor:
     return torch.tensor([7], dtype=torch.int64, device=device)
 
 
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    def bits(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+    return torch.equal(bits(a), bits(b))
+
+
 @pytest.mark.parametrize("device, backend", CASES)
 @pytest.mark.parametrize("request_k, request_m, rounding", [
     ("packed", "", "rne"),
@@ -240,6 +247,16 @@ def test_inductor_launches_switch_leaves_cpu_tensors_to_the_opaque_operators(mon
                                     "propagate", "reference")
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
-    for got, want in zip(compiled, fn(x)):
-        assert torch.equal(got.view(torch.uint8) if got.dtype == torch.float8_e4m3fn else got,
-                           want.view(torch.uint8) if want.dtype == torch.float8_e4m3fn else want)
+    assert all(map(bitwise_equal, compiled, fn(x)))
+
+
+def test_launched_twins_pass_opcheck_and_answer_as_the_operators_off_a_gpu():
+    """The ``*_launched`` triton_ops hand anything but a CUDA tensor on the Triton backend to the
+    operators they stand for: the same schema, fake and results."""
+    x = torch.randn(128, 256)
+    args = (x, None, None, seed("cpu"), "hadamard,packed,fp8=seg128", "packed,fp8=tile128", 32, "rne", "propagate",
+            "reference")
+    torch.library.opcheck(torch.ops.adahop.quantize_launched.default, args)
+    assert all(map(bitwise_equal, torch.ops.adahop.quantize_launched(*args), torch.ops.adahop.quantize(*args)))
+    codes, scales = torch.ops.adahop.quantize(*args)[:2]
+    torch.library.opcheck(torch.ops.adahop.fp8_encode_launched.default, (codes, scales, "tile128", "reference"))
