@@ -26,6 +26,7 @@ each (cached).
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from typing import NamedTuple
 
@@ -188,27 +189,18 @@ def _launched(x: torch.Tensor, backend: str) -> bool:
     return inductor_launches() and backend == "triton" and x.device.type == "cuda"
 
 
-def quantize(
-    x: torch.Tensor,
-    signs_k: torch.Tensor | None,
-    signs_m: torch.Tensor | None,
-    seed: torch.Tensor | None,
-    request_k: str,
-    request_m: str,
-    hadamard_size: int,
-    rounding: str,
-    nan_policy: str,
-    backend: str,
-) -> tuple[torch.Tensor, ...]:
-    """``torch.ops.adahop.quantize``, or ``quantize_launched`` where :func:`_launched` says so and the
-    call reads nothing on the host (``nan_policy="propagate"``, a seed for the stochastic rounding)."""
-    args = (x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend)
+def quantize(*args) -> tuple[torch.Tensor, ...]:
+    """``torch.ops.adahop.quantize`` (its arguments, positional), or ``quantize_launched`` where
+    :func:`_launched` says so and the call reads nothing on the host (``nan_policy="propagate"``, a
+    seed for the stochastic rounding)."""
+    if len(args) != 10:
+        raise TypeError(f"quantize takes the 10 arguments of adahop::quantize, positional ones; got {len(args)}")
+    x, _, _, seed, _, _, _, rounding, nan_policy, backend = args
     if _launched(x, backend) and nan_policy == "propagate" and (seed is not None or rounding != "sr"):
         return torch.ops.adahop.quantize_launched(*args)
     return torch.ops.adahop.quantize(*args)
 
 
-@torch.library.custom_op("adahop::quantize", mutates_args=())
 def _quantize(
     x: torch.Tensor,
     signs_k: torch.Tensor | None,
@@ -240,31 +232,25 @@ def _quantize(
     return tuple(_side_outputs(x, qk, rk, ak, backend) + _side_outputs(x, qm, rm, am, backend))
 
 
-@torch.library.triton_op("adahop::quantize_launched", mutates_args=())
-def _quantize_launched(
-    x: torch.Tensor,
-    signs_k: torch.Tensor | None,
-    signs_m: torch.Tensor | None,
-    seed: torch.Tensor | None,
-    request_k: str,
-    request_m: str,
-    hadamard_size: int,
-    rounding: str,
-    nan_policy: str,
-    backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-           torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``adahop::quantize`` as a ``triton_op``: under ``torch.compile`` on a GPU its two kernel
-    launches and its allocations become the generated code's, instead of a call back into this
-    Python each layer step (whose dispatch, checks and Triton launches cost more host time than the
-    kernels take on the device at most of a layer's shapes: ``scripts/host_cost.py``). Anything but
-    a CUDA tensor on the Triton backend goes to ``adahop::quantize``."""
+_quantize_op = torch.library.custom_op("adahop::quantize", _quantize, mutates_args=())
+
+
+def _quantize_launched(*args):
+    """``adahop::quantize`` as a ``triton_op`` (the same schema): under ``torch.compile`` on a GPU its
+    two kernel launches and its allocations become the generated code's, instead of a call back into
+    this Python each layer step (whose dispatch, checks and Triton launches cost more host time than
+    the kernels take on the device at most of a layer's shapes: ``scripts/host_cost.py``). Anything
+    but a CUDA tensor on the Triton backend goes to ``adahop::quantize``."""
+    x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend = args
     if not (backend == "triton" and x.device.type == "cuda"):
-        return torch.ops.adahop.quantize(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size,
-                                         rounding, nan_policy, backend)
+        return torch.ops.adahop.quantize(*args)
     outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
                             hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
     return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
+
+
+_quantize_launched.__signature__ = quantize.__signature__ = inspect.signature(_quantize)
+torch.library.triton_op("adahop::quantize_launched", _quantize_launched, mutates_args=())
 
 
 def _kernel_outputs(x: torch.Tensor, out) -> list[torch.Tensor]:
@@ -290,7 +276,7 @@ def _fake_side(x: torch.Tensor, rows: int, n: int, req: Request | None) -> list[
     return out
 
 
-@_quantize.register_fake
+@_quantize_op.register_fake
 def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend):
     m, k = x.shape
     return tuple(_fake_side(x, m, k, parse_request(request_k)) + _fake_side(x, k, m, parse_request(request_m)))

@@ -260,3 +260,8 @@ def test_launched_twins_pass_opcheck_and_answer_as_the_operators_off_a_gpu():
     assert all(map(bitwise_equal, torch.ops.adahop.quantize_launched(*args), torch.ops.adahop.quantize(*args)))
     codes, scales = torch.ops.adahop.quantize(*args)[:2]
     torch.library.opcheck(torch.ops.adahop.fp8_encode_launched.default, (codes, scales, "tile128", "reference"))
+
+
+def test_quantize_refuses_the_wrong_number_of_arguments():
+    with pytest.raises(TypeError, match="10 arguments"):
+        library.quantize(torch.randn(64, 64), None, None, None, "packed", "", 32, "rne", "propagate")
