@@ -177,3 +177,21 @@ def test_profile_layer_host_record_sums_every_operator_and_lists_the_largest():
     assert rec["us_per_step"] == pytest.approx(sum(us for _, us in times.values()) / 2)
     assert len(rec["ops"]) == script.HOST_OPS and rec["ops"][0] == {
         "name": f"op{script.HOST_OPS + 5}", "calls_per_step": script.HOST_OPS + 5, "us_per_step": 5.0 * (script.HOST_OPS + 5)}
+
+
+def test_host_cost_writes_a_call_time_for_each_step_it_times(tmp_path):
+    import json
+
+    out = tmp_path / "host.json"
+    assert load("host_cost").main(["--shape", "128x128x128", "--calls", "1", "--repeats", "1", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    # On a CPU: the layer, compiled and eager, and the two operators (the kernels' launches are a GPU's)
+    assert [r["name"] for r in doc["records"]] == ["layer-compiled", "layer-eager", "op-quantize", "op-fp8_encode"]
+    assert all(r["us_per_call"] > 0 for r in doc["records"])
+    assert doc["provenance"]["config"]["shape"] == [128, 128, 128]
+
+
+@pytest.mark.parametrize("shape", ["100x128x128", "128x128", "axbxc"])
+def test_host_cost_refuses_a_bad_shape(tmp_path, shape):
+    with pytest.raises(SystemExit):
+        load("host_cost").main(["--shape", shape, "--out", str(tmp_path / "h.json")])
