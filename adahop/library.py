@@ -173,8 +173,8 @@ INDUCTOR_LAUNCHES_ENV = "ADAHOP_INDUCTOR_LAUNCHES"
 def inductor_launches() -> bool:
     """``$ADAHOP_INDUCTOR_LAUNCHES``: ``1`` lets ``torch.compile`` launch the quantize and re-encode
     kernels from its generated code (:func:`quantize`); ``0`` or unset keeps them behind the opaque
-    operators. Off by default until the GPU gradient tests (``tests/test_compile.py``) have passed
-    with it on."""
+    operators. Off by default until its GPU tests have passed (``tests/test_compile.py`` and
+    ``tests/test_library.py``, ``-k "launches or launched"``)."""
     value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0")
     if value not in ("", "0", "1"):
         raise ValueError(f"${INDUCTOR_LAUNCHES_ENV} must be 0 or 1, got {value!r}")

@@ -21,6 +21,7 @@ import torch._dynamo
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import adahop
+from adahop import library
 from adahop.harness.model import Llama, LlamaConfig
 from adahop.recipes import RECIPES
 
@@ -127,10 +128,14 @@ def test_calibration_survives_non_finite_operands():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("recipe", ["mxfp4", "adahop", "hot"])
-def test_fixed_model_is_one_graph_on_cuda(recipe):
+@pytest.mark.parametrize("recipe, launches", [("mxfp4", "0"), ("adahop", "0"), ("hot", "0"), ("mxfp4", "1"),
+                                              ("adahop", "1")],
+                         ids=["mxfp4", "adahop", "hot", "mxfp4-inductor-launches", "adahop-inductor-launches"])
+def test_fixed_model_is_one_graph_on_cuda(recipe, launches, monkeypatch):
     """The GPU path (Triton kernels, the FP8 GEMM, bf16 autocast as the trainer runs it) traces as
-    the CPU one does: one graph, forward and backward, and no recompile over steps."""
+    the CPU one does: one graph, forward and backward, and no recompile over steps; with
+    ``ADAHOP_INDUCTOR_LAUNCHES`` off and on."""
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, launches)
     model, opt = tiny_model(recipe)
     model.cuda()
 
@@ -361,6 +366,19 @@ def test_compiled_gradients_on_cuda_match_eager(recipe, mode):
     graphs) computes each step's gradients as the eager model does, and the eager model as the
     pure-PyTorch reference does, at the 125m model's widths: through calibration (eager layers
     between compiled pieces), the fix and the retrace."""
+    config = LlamaConfig.from_name("125m", vocab_size=4096, n_layers=2)
+    failures = compiled_against_eager(recipe, "cuda", mode, config, reference=True)
+    assert not failures, failures
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize(("recipe", "mode"), [("mxfp4", "default"), ("adahop", "default"),
+                                              ("adahop", "reduce-overhead"), ("tseng", "reduce-overhead")])
+def test_compiled_gradients_on_cuda_match_eager_with_inductor_launches(recipe, mode, monkeypatch):
+    """The same with ``ADAHOP_INDUCTOR_LAUNCHES=1``: Inductor launches the quantize and re-encode
+    kernels from its generated code (the condition for making that the default)."""
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "1")
     config = LlamaConfig.from_name("125m", vocab_size=4096, n_layers=2)
     failures = compiled_against_eager(recipe, "cuda", mode, config, reference=True)
     assert not failures, failures

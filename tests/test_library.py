@@ -26,11 +26,15 @@ def seed(device: str = "cpu") -> torch.Tensor:
     return torch.tensor([7], dtype=torch.int64, device=device)
 
 
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    def bits(t):
-        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
-    return torch.equal(bits(a), bits(b))
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal bit for bit (NaN included)."""
+    def bits(t):
+        return t.view(BITS[t.element_size()]) if t.dtype.is_floating_point else t
+
+    return a.dtype == b.dtype and torch.equal(bits(a), bits(b))
 
 
 @pytest.mark.parametrize("device, backend", CASES)
@@ -265,3 +269,34 @@ def test_launched_twins_pass_opcheck_and_answer_as_the_operators_off_a_gpu():
 def test_quantize_refuses_the_wrong_number_of_arguments():
     with pytest.raises(TypeError, match="10 arguments"):
         library.quantize(torch.randn(64, 64), None, None, None, "packed", "", 32, "rne", "propagate")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("request_k, request_m, rounding", [
+    ("hadamard,fp8=seg128", "hadamard,packed", "rne"),           # X in the forward: FP8 along in, saved along tokens
+    ("hadamard,packed,fp8=tile128", "hadamard,packed,fp8=tile128", "rne"),  # W, both orientations
+    ("hadamard,fp8=seg128,amax", "hadamard,fp8=tile128", "sr"),  # dY: stochastic rounding, the outliers' amax
+    ("packed,fp8=row", "", "rne"),                               # the rowwise re-encode after the pass
+])
+def test_launched_quantize_compiled_equals_the_operator_bit_for_bit(monkeypatch, request_k, request_m, rounding):
+    """With ``ADAHOP_INDUCTOR_LAUNCHES=1``, Inductor launches the kernels from its generated code: every
+    output equals the eager operator's, bit for bit, and the saved packed operand re-encodes alike."""
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "1")
+    x = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16)
+    x[3, 17] = float("nan")  # a block the redo kernel takes
+    args = (None, None, seed("cuda"), request_k, request_m, 32, rounding, "propagate", "triton")
+
+    def fn(t):
+        outs = library.quantize(t, *args)
+        encoded = library.fp8_encode(outs[5], outs[6], "tile128", "triton") if "packed" in request_m else ()
+        return (*outs, *encoded)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True)(x)
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "0")
+    eager = fn(x)
+    assert len(compiled) == len(eager)
+    for i, (got, want) in enumerate(zip(compiled, eager)):
+        assert got.shape == want.shape and got.stride() == want.stride(), f"output {i}: layout differs"
+        assert bitwise_equal(got, want), f"output {i} differs"
