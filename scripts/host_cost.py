@@ -1,13 +1,15 @@
 """Host time a call of each step on the quantized layer's path, at a size where the device's work is
 negligible: what bounds a layer whose wall time exceeds its device time (``scripts/profile_layer.py``).
 
-    python scripts/host_cost.py --out results/layer_bench/gpu/profiles/host-cost.json
+    python scripts/host_cost.py --out results/layer_bench/mygpu/host/host-cost.json
 
 Each record times ``--calls`` back-to-back calls of one callable (one synchronisation at the end),
 best of ``--repeats``: microseconds a call. The callables go from the whole compiled layer's forward
 + backward down to one kernel launch, so that the differences say where the host time goes: the
 operator's dispatch, its Python (checks, allocations), Triton's launcher, or the allocations alone.
-On a CPU (under ``TRITON_INTERPRET=1``) only the layer and the operators run, through the reference.
+On a CPU only the layer and the operators run: through the interpreter under ``TRITON_INTERPRET=1``,
+else through the reference. ``ADAHOP_INDUCTOR_LAUNCHES=1`` times the compiled layer with the kernels
+launched by Inductor (``adahop.library.inductor_launches``).
 """
 
 from __future__ import annotations
