@@ -181,12 +181,16 @@ def inductor_launches() -> bool:
     return value == "1"
 
 
+def _gpu_kernels(x: torch.Tensor, backend: str) -> bool:
+    """A CUDA tensor on the Triton backend: what Inductor can launch (not the interpreter's kernels;
+    and the reference stays opaque, so that its results do not depend on how Inductor would fuse it)."""
+    return backend == "triton" and x.device.type == "cuda"
+
+
 def _launched(x: torch.Tensor, backend: str) -> bool:
     """Whether a Triton-backed operator call goes to its ``*_launched`` twin, whose kernels
-    ``torch.compile`` launches itself: :func:`inductor_launches` on, a CUDA tensor, the Triton
-    backend (the interpreter's kernels Inductor cannot launch; the reference stays opaque, so that
-    its results do not depend on how Inductor would fuse it)."""
-    return inductor_launches() and backend == "triton" and x.device.type == "cuda"
+    ``torch.compile`` launches itself: :func:`inductor_launches` on and :func:`_gpu_kernels`."""
+    return inductor_launches() and _gpu_kernels(x, backend)
 
 
 def quantize(*args) -> tuple[torch.Tensor, ...]:
@@ -242,7 +246,7 @@ def _quantize_launched(*args):
     the kernels take on the device at most of a layer's shapes: ``scripts/host_cost.py``). Anything
     but a CUDA tensor on the Triton backend goes to ``adahop::quantize``."""
     x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend = args
-    if not (backend == "triton" and x.device.type == "cuda"):
+    if not _gpu_kernels(x, backend):
         return torch.ops.adahop.quantize(*args)
     outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
                             hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
@@ -305,7 +309,7 @@ def _fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend:
 def _fp8_encode_launched(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """``adahop::fp8_encode`` as a ``triton_op``, for the reason ``adahop::quantize_launched`` is one."""
-    if not (backend == "triton" and codes.device.type == "cuda"):
+    if not _gpu_kernels(codes, backend):
         return torch.ops.adahop.fp8_encode(codes, scales, layout, backend)
     from adahop_kernels.fp8_reencode import fp8_reencode
 

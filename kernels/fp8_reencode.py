@@ -189,8 +189,9 @@ def fp8_reencode(t: MXFP4Tensor, layout: str = "row", launch=None) -> tuple[torc
     ``layout``: ``"row"`` (scales ``(M, 1)``), ``"seg128"`` (``(M, K/128)`` with strides ``(1, M)``;
     K a multiple of 128) or ``"tile128"`` (``(M/128, K/128)`` contiguous; M and K multiples of
     128). K is a multiple of 32 (as for every MXFP4 tensor). CUDA tensors, or CPU tensors under
-    ``TRITON_INTERPRET=1``. Equivalent to :func:`adahop.formats.to_fp8_ref` bit for bit. ``launch``:
-    as for :func:`adahop_kernels.hadamard_quantize.quantize`.
+    ``TRITON_INTERPRET=1``. Equivalent to :func:`adahop.formats.to_fp8_ref` bit for bit.
+    ``launch`` wraps the kernel handle before it runs (``torch.library.wrap_triton`` inside a
+    ``triton_op``); None runs the handle itself.
     """
     check_mxfp4_operand(t, "t")
     check_device(t.codes, "t")
