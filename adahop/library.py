@@ -374,21 +374,37 @@ def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
     return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
 
 
-@torch.library.custom_op("adahop::fp8_mm", mutates_args=())
 def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
            out_dtype: torch.dtype) -> torch.Tensor:
+    """``torch.ops.adahop.fp8_mm``, or on a GPU where :func:`inductor_launches` is on, its cuBLAS
+    calls traced as they are: compiled, the generated code then calls cuBLAS itself (Inductor's
+    lowering of ``aten._scaled_mm`` outside max-autotune), where the operator is a call back into
+    Python a GEMM."""
+    if inductor_launches() and fa.device.type == "cuda":
+        return _fp8_mm_cuda(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
+    return torch.ops.adahop.fp8_mm(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
+
+
+@torch.library.custom_op("adahop::fp8_mm", mutates_args=())
+def _fp8_mm_op(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
+               out_dtype: torch.dtype) -> torch.Tensor:
     """``A · Bᵀ`` of exact FP8 operands: cuBLAS's scaled GEMM (``torch._scaled_mm``) on a GPU, the
     product of the fp32 values elsewhere (a CPU's ``_scaled_mm`` takes per-tensor scales only in
     some torch releases).
 
-    An operator, so that ``torch.compile`` calls cuBLAS as the eager layer does: Inductor lowers
-    ``aten._scaled_mm`` itself (its own templates, a scaling recipe read from the scales' shapes).
+    An operator, so that ``torch.compile`` calls cuBLAS as the eager layer does whatever the compile
+    mode: under max-autotune Inductor may lower ``aten._scaled_mm`` to its own templates (a scaling
+    recipe read from the scales' shapes).
 
     The checked entry point is :func:`adahop.ops.fp8_mm`: it refuses bad layouts and output dtypes,
     and blockwise operands whose K is not a multiple of 512.
     """
     if fa.device.type != "cuda":
         return _fp8_mm_values(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
+    return _fp8_mm_cuda(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
+
+
+def _fp8_mm_cuda(fa, sa, layout_a, fb, sb, layout_b, out_dtype) -> torch.Tensor:
     if (layout_a, layout_b) == ("seg128", "tile128"):
         # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
         # scales (K/128, N/128) likewise.
@@ -424,7 +440,7 @@ def _fp8_mm_values(fa, sa, layout_a, fb, sb, layout_b, out_dtype) -> torch.Tenso
     return (values(fa, sa, layout_a) @ values(fb, sb, layout_b).t()).to(out_dtype)
 
 
-@fp8_mm.register_fake
+@_fp8_mm_op.register_fake
 def _(fa, sa, layout_a, fb, sb, layout_b, out_dtype):
     return fa.new_empty((fa.shape[0], fb.shape[0]), dtype=out_dtype)
 

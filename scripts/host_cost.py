@@ -64,6 +64,10 @@ def callables(tokens: int, fin: int, fout: int, device: torch.device, backend: s
     q = library.quantize(xd, None, None, seed, "", req_xt, 32, "rne", "propagate", backend)
     out["op-fp8_encode"] = ("torch.ops.adahop.fp8_encode: a saved packed operand to FP8 tile128",
                             lambda: library.fp8_encode(q[5], q[6], "tile128", backend))
+    wq = library.quantize(layer.weight.detach(), None, None, seed, "fp8=row", "", 32, "rne", "propagate", backend)
+    xq = library.quantize(xd, None, None, seed, "fp8=row", "", 32, "rne", "propagate", backend)
+    out["op-fp8_mm"] = ("torch.ops.adahop.fp8_mm: the forward's rowwise FP8 GEMM through its operator",
+                        lambda: torch.ops.adahop.fp8_mm(xq[2], xq[3], "row", wq[2], wq[3], "row", torch.bfloat16))
     if device.type != "cuda":
         return out
     from adahop_kernels import hadamard_quantize as hq

@@ -300,3 +300,35 @@ def test_launched_quantize_compiled_equals_the_operator_bit_for_bit(monkeypatch,
     for i, (got, want) in enumerate(zip(compiled, eager)):
         assert got.shape == want.shape and got.stride() == want.stride(), f"output {i}: layout differs"
         assert bitwise_equal(got, want), f"output {i} differs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("layouts, out_dtype, n", [
+    (("row", "row"), torch.bfloat16, 200),     # N padded to a multiple of 16
+    (("row", "row"), torch.float32, 256),      # unit-scale product, scales after
+    (("seg128", "tile128"), torch.bfloat16, 256),
+])
+def test_fp8_mm_with_inductor_launches_compiles_to_cublas_and_the_operator_bits(monkeypatch, layouts, out_dtype, n):
+    """With ``ADAHOP_INDUCTOR_LAUNCHES=1`` the compiled graph calls ``aten._scaled_mm`` (from
+    Inductor's generated code) and gives the operator's product bit for bit."""
+    from adahop import ops
+
+    la, lb = layouts
+    x, w = torch.randn(512, 1024, device="cuda"), torch.randn(n, 1024, device="cuda")
+    a = library.quantize(x, None, None, None, f"fp8={la}", "", 32, "rne", "propagate", "triton")
+    b = library.quantize(w, None, None, None, f"fp8={lb}", "", 32, "rne", "propagate", "triton")
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return torch._inductor.compile(gm, example_inputs)
+
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "1")
+    torch._dynamo.reset()
+    f = torch.compile(lambda fa, sa, fb, sb: ops.fp8_mm(fa, sa, la, fb, sb, lb, out_dtype), backend=record, fullgraph=True)
+    got = f(a[2], a[3], b[2], b[3])
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("_scaled_mm" in t for t in targets) and not any("adahop.fp8_mm" in t for t in targets), targets
+    want = torch.ops.adahop.fp8_mm(a[2], a[3], la, b[2], b[3], lb, out_dtype)
+    assert got.shape == want.shape and bitwise_equal(got, want)
