@@ -242,6 +242,14 @@ def test_inductor_launches_switch_refuses_a_value_it_does_not_know(monkeypatch, 
         library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")
 
 
+def test_inductor_launches_switch_is_on_unless_set_to_0(monkeypatch):
+    monkeypatch.delenv(library.INDUCTOR_LAUNCHES_ENV, raising=False)
+    assert library.inductor_launches()
+    for value, on in (("", True), ("1", True), ("0", False)):
+        monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, value)
+        assert library.inductor_launches() is on, value
+
+
 def test_inductor_launches_switch_leaves_cpu_tensors_to_the_opaque_operators(monkeypatch):
     """On a CPU the kernels run under the interpreter, which Inductor cannot launch: with the switch
     on, the operators still call their opaque twins, and compile to the eager results."""

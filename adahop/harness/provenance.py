@@ -187,7 +187,8 @@ def provenance(
         "device": device_description(device),
         # ADAHOP_RUNS_PER_GPU: set it where several runs share one GPU, so that their rates are not
         # read as one GPU's (adahop.harness.quality leaves such runs out of the timing table).
-        "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU")
+        "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU",
+                                                         "ADAHOP_INDUCTOR_LAUNCHES")
                         if k in os.environ},
         "config": config or {},
         "seed": seed,
