@@ -6,10 +6,11 @@ negligible: what bounds a layer whose wall time exceeds its device time (``scrip
 Each record times ``--calls`` back-to-back calls of one callable (one synchronisation at the end),
 best of ``--repeats``: microseconds a call. The callables go from the whole compiled layer's forward
 + backward down to one kernel launch, so that the differences say where the host time goes: the
-operator's dispatch, its Python (checks, allocations), Triton's launcher, or the allocations alone.
-On a CPU only the layer and the operators run: through the interpreter under ``TRITON_INTERPRET=1``,
-else through the reference. ``ADAHOP_INDUCTOR_LAUNCHES=1`` times the compiled layer with the kernels
-launched by Inductor (``adahop.library.inductor_launches``).
+operator's dispatch, its Python (checks, allocations), Triton's launcher, or the allocations alone;
+the peers' compiled layers (``nn.Linear`` bf16, torchao float8 tensorwise on a GPU) are the host
+time to beat. On a CPU only the layers and the operators run: through the interpreter under
+``TRITON_INTERPRET=1``, else through the reference. The compiled layer's kernels and GEMMs are
+launched by Inductor unless ``ADAHOP_INDUCTOR_LAUNCHES=0`` (``adahop.library.inductor_launches``).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def callables(tokens: int, fin: int, fout: int, device: torch.device, backend: s
     xq = library.quantize(xd, None, None, seed, "fp8=row", "", 32, "rne", "propagate", backend)
     out["op-fp8_mm"] = ("torch.ops.adahop.fp8_mm: the forward's rowwise FP8 GEMM through its operator",
                         lambda: torch.ops.adahop.fp8_mm(xq[2], xq[3], "row", wq[2], wq[3], "row", torch.bfloat16))
+    out.update(peer_callables(fin, fout, device, x, gy))
     if device.type != "cuda":
         return out
     from adahop_kernels import hadamard_quantize as hq
@@ -109,6 +111,27 @@ def callables(tokens: int, fin: int, fout: int, device: torch.device, backend: s
     one = torch.ones((), device=device)
     out["scaled_mm"] = ("torch._scaled_mm tensorwise, no operator around it",
                         lambda: torch._scaled_mm(fa, fb.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
+    return out
+
+
+def peer_callables(fin: int, fout: int, device: torch.device, x: torch.Tensor, gy: torch.Tensor) -> dict:
+    """The peers' compiled forward + backward on the same operands: ``nn.Linear`` bf16 and, where
+    torchao imports, its float8 tensorwise layer (as the layer benchmark compiles them)."""
+    linear = torch.nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16)
+    bf16 = torch.compile(linear)
+    out = {"peer-bf16-compiled": ("nn.Linear bf16, compiled, forward + backward",
+                                  lambda: torch.autograd.grad(bf16(x), (x, linear.weight), gy))}
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError:
+        return out
+    if device.type != "cuda":  # torchao's float8 training is a GPU's
+        return out
+    model = torch.nn.Sequential(torch.nn.Linear(fin, fout, bias=False)).to(device, torch.bfloat16)
+    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    ao = torch.compile(model)
+    out["peer-torchao-float8-tensorwise"] = ("torchao float8 tensorwise, compiled, forward + backward",
+                                             lambda: torch.autograd.grad(ao(x), (x, model[0].weight), gy))
     return out
 
 
