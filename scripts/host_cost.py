@@ -23,9 +23,14 @@ from pathlib import Path
 
 import torch
 
-import adahop
-from adahop import library
-from adahop.harness.provenance import write_results
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from profile_layer import parse_shape  # noqa: E402
+from test_bench_layer import torchao_float8  # noqa: E402
+
+import adahop  # noqa: E402
+from adahop import library  # noqa: E402
+from adahop.harness.provenance import write_results  # noqa: E402
 
 
 def per_call_us(fn, calls: int, repeats: int, on_cuda: bool) -> float:
@@ -115,40 +120,30 @@ def callables(tokens: int, fin: int, fout: int, device: torch.device, backend: s
 
 
 def peer_callables(fin: int, fout: int, device: torch.device, x: torch.Tensor, gy: torch.Tensor) -> dict:
-    """The peers' compiled forward + backward on the same operands: ``nn.Linear`` bf16 and, where
-    torchao imports, its float8 tensorwise layer (as the layer benchmark compiles them)."""
+    """The peers' compiled forward + backward on the same operands: ``nn.Linear`` bf16 and, on a GPU
+    where torchao imports, its float8 tensorwise layer (as the layer benchmark builds them)."""
     linear = torch.nn.Linear(fin, fout, bias=False).to(device, torch.bfloat16)
     bf16 = torch.compile(linear)
     out = {"peer-bf16-compiled": ("nn.Linear bf16, compiled, forward + backward",
                                   lambda: torch.autograd.grad(bf16(x), (x, linear.weight), gy))}
-    try:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        return out
-    if device.type != "cuda":  # torchao's float8 training is a GPU's
-        return out
-    model = torch.nn.Sequential(torch.nn.Linear(fin, fout, bias=False)).to(device, torch.bfloat16)
-    convert_to_float8_training(model, config=Float8LinearConfig.from_recipe_name("tensorwise"))
-    ao = torch.compile(model)
-    out["peer-torchao-float8-tensorwise"] = ("torchao float8 tensorwise, compiled, forward + backward",
-                                             lambda: torch.autograd.grad(ao(x), (x, model[0].weight), gy))
+    ao = torchao_float8(fin, fout, device, "tensorwise") if device.type == "cuda" else None
+    if ao is not None:
+        ao_layer, ao_weight = ao
+        out["peer-torchao-float8-tensorwise"] = ("torchao float8 tensorwise, compiled, forward + backward",
+                                                 lambda: torch.autograd.grad(ao_layer(x), (x, ao_weight), gy))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="512x1024x1024", help="TOKENSxINxOUT (default small: the device's work negligible)")
+    p.add_argument("--shape", type=parse_shape, default="512x1024x1024",
+                   help="TOKENSxINxOUT (default small: the device's work negligible)")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--overwrite", action="store_true")
     args = p.parse_args(argv)
-    try:
-        tokens, fin, fout = (int(v) for v in args.shape.lower().split("x"))
-    except ValueError:
-        p.error(f"--shape must be TOKENSxINxOUT, got {args.shape!r}")
-    if min(tokens, fin, fout) <= 0 or tokens % 128 or fin % 128 or fout % 128:
-        p.error(f"--shape {args.shape}: tokens, in and out must be positive multiples of 128")
+    tokens, fin, fout = args.shape
     if args.calls < 1 or args.repeats < 1:
         p.error("--calls and --repeats must be at least 1")
     on_cuda = torch.cuda.is_available()
