@@ -188,7 +188,8 @@ def provenance(
         # ADAHOP_RUNS_PER_GPU: set it where several runs share one GPU, so that their rates are not
         # read as one GPU's (adahop.harness.quality leaves such runs out of the timing table).
         "backend_env": {k: os.environ[k] for k in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU",
-                                                         "ADAHOP_INDUCTOR_LAUNCHES")
+                                                         "ADAHOP_INDUCTOR_LAUNCHES",
+                                                         "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS")
                         if k in os.environ},
         "config": config or {},
         "seed": seed,
