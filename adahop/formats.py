@@ -267,6 +267,8 @@ def to_fp8_rowwise_ref(t: MXFP4Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 FP8_LAYOUTS = ("row", "seg128", "tile128")
 FP8_GROUP = 128  # values a side of an FP8 scale group (cuBLAS blockwise scaling on Hopper)
+# The blockwise GEMM's K in whole groups of four scale blocks (adahop.ops.fp8_mm says why).
+BLOCKWISE_K = 4 * FP8_GROUP
 
 
 def check_fp8_layout(layout: str, rows: int, n: int, name: str = "t") -> None:

@@ -420,31 +420,18 @@ def _fp8_mm_op(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tens
     recipe read from the scales' shapes).
 
     The checked entry point is :func:`adahop.ops.fp8_mm`: it refuses bad layouts and output dtypes,
-    and blockwise operands whose K is not a multiple of 128.
+    and blockwise operands whose K is not a multiple of 512.
     """
     if fa.device.type != "cuda":
         return _fp8_mm_values(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
     return _fp8_mm_cuda(fa, sa, layout_a, fb, sb, layout_b, out_dtype)
 
 
-def _tile_scales_for_cublas(sb: torch.Tensor) -> torch.Tensor:
-    """Bᵀ's tile scales ``(N/128, K/128)`` as cuBLASLt reads them: with a row stride of K/128 rounded
-    up to a multiple of 4 (pytorch/pytorch#166752), so that a K whose block count is not one reads
-    its own scales. A copy into such rows where it is not one (N/128 × 4 values at most: small)."""
-    g = sb.shape[1]
-    if g % 4 == 0:
-        return sb
-    padded = sb.new_ones((sb.shape[0], g + (-g % 4)))
-    padded[:, :g] = sb
-    return padded[:, :g]
-
-
 def _fp8_mm_cuda(fa, sa, layout_a, fb, sb, layout_b, out_dtype) -> torch.Tensor:
     if (layout_a, layout_b) == ("seg128", "tile128"):
         # cuBLAS layouts: B column-major (K, N) is the transpose of row-major Bᵀ (N, K); its tile
         # scales (K/128, N/128) likewise.
-        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=_tile_scales_for_cublas(sb).t(),
-                                out_dtype=torch.bfloat16)
+        return torch._scaled_mm(fa, fb.t(), scale_a=sa, scale_b=sb.t(), out_dtype=torch.bfloat16)
     n = fb.shape[0]
     # _scaled_mm wants N (and K) multiples of 16; K is (a multiple of 32). Zero rows pad N.
     pad = -n % 16

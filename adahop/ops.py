@@ -31,6 +31,7 @@ from adahop.checks import (
 )
 from adahop.formats import (
     BLOCK_SIZE,
+    BLOCKWISE_K,
     FLOAT_DTYPES,
     MXFP4Tensor,
     NanPolicy,
@@ -444,11 +445,20 @@ def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, 
 
     Layouts (:func:`adahop.library.fp8_scale_shape`): both ``row`` (fp32 scale per row), or A
     ``seg128`` and Bᵀ ``tile128`` (blockwise: per 1×128 segment of A, per 128×128 tile of Bᵀ;
-    bfloat16 output only). Every path is exact up to the fp32 accumulation and the output rounding.
+    bfloat16 output only, K a multiple of 512). Every path is exact up to the fp32 accumulation
+    and the output rounding.
+
+    Blockwise needs whole groups of four K-blocks because cuBLASLt reads the tile scales with a
+    leading dimension rounded up to a multiple of 4 (pytorch/pytorch#166752), while the torch
+    releases before that change accept only the unpadded one: at other K the product would be
+    made of the wrong scales, silently, or refused, depending on the release.
     """
     if (layout_a, layout_b) == ("seg128", "tile128"):
         if out_dtype is not torch.bfloat16:
             raise ValueError(f"the blockwise FP8 GEMM gives bfloat16 only, got out_dtype {out_dtype}")
+        if fa.shape[-1] % BLOCKWISE_K:
+            raise ValueError(f"the blockwise FP8 GEMM needs K a multiple of {BLOCKWISE_K}, got fa of shape "
+                             f"{tuple(fa.shape)}: use layouts ('row', 'row')")
     elif (layout_a, layout_b) != ("row", "row"):
         raise ValueError(f"FP8 layouts A={layout_a!r}, B={layout_b!r}: use ('row', 'row') or ('seg128', 'tile128')")
     return library.fp8_mm(fa, sa, layout_a, fb, sb, layout_b, out_dtype)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from adahop import hot, library
-from adahop.formats import FP8_GROUP, MXFP4Tensor
+from adahop.formats import BLOCKWISE_K, FP8_GROUP, MXFP4Tensor
 from adahop.linear.seeds import LEFT, RIGHT, SIGNS, SLOT_CODES, derive_seed, draw_seed, new_counter, signs_from_seed
 from adahop.backend import Backend
 from adahop.ops import GemmPath, device_gemm_path, fp8_mm, gemm_path, mxfp4_mm_ref, rank_outliers
@@ -91,7 +91,7 @@ class Quantized:
 class GemmConfig:
     """The device's GEMM path and the kernels' backend, fixed for a layer on one device.
 
-    ``blockwise``: on the FP8 path, whether GEMMs whose K and N are multiples of 128 use the
+    ``blockwise``: on the FP8 path, whether GEMMs whose K is a multiple of 512 and N of 128 use the
     blockwise-scaled FP8 GEMM (A per 1×128 segment, B per 128×128 tile; each element's scale comes
     from its own segment or tile, so the quantize kernel writes the FP8 operand in its single pass)
     rather than row scales (which need the whole row before any element: a second pass).
@@ -114,7 +114,7 @@ class GemmConfig:
         """FP8 layouts of A ``(m, k)`` and Bᵀ ``(n, k)``; ``(None, None)`` off the FP8 path."""
         if self.path is not GemmPath.FP8_ROWWISE:
             return None, None
-        if self.blockwise and k % FP8_GROUP == 0 and n % FP8_GROUP == 0 and out_dtype is torch.bfloat16:
+        if self.blockwise and k % BLOCKWISE_K == 0 and n % FP8_GROUP == 0 and out_dtype is torch.bfloat16:
             return "seg128", "tile128"
         return "row", "row"
 
