@@ -182,27 +182,6 @@ def inductor_launches() -> bool:
     return value != "0"
 
 
-# Inductor launches user-defined Triton kernels (the ``*_launched`` twins') through Triton's Python
-# launcher, tens of microseconds of host time a launch for the quantize kernel's ~40 arguments,
-# unless this option lets its own static CUDA launcher take them (a few microseconds; Inductor keeps
-# Triton's launcher for a kernel the static one cannot take). Same binaries, same results.
-STATIC_LAUNCH_ENV = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
-
-
-def use_static_launcher() -> bool:
-    """Turn on Inductor's static launcher for user-defined Triton kernels
-    (``torch._inductor.config.static_launch_user_defined_triton_kernels``) where the twins are
-    used (:func:`inductor_launches`) and ``$TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS``
-    does not decide it (that variable overrides the option either way). Called on import; returns
-    the option's value. It applies to every user-defined Triton kernel that ``torch.compile``
-    compiles in this process, the suite's or not."""
-    import torch._inductor.config as inductor_config
-
-    if inductor_launches() and STATIC_LAUNCH_ENV not in os.environ:
-        inductor_config.static_launch_user_defined_triton_kernels = True
-    return bool(inductor_config.static_launch_user_defined_triton_kernels)
-
-
 def _gpu_kernels(x: torch.Tensor, backend: str) -> bool:
     """A CUDA tensor on the Triton backend: what Inductor can launch (not the interpreter's kernels;
     and the reference stays opaque, so that its results do not depend on how Inductor would fuse it)."""
@@ -277,7 +256,6 @@ def _quantize_launched(*args):
 
 _quantize_launched.__signature__ = quantize.__signature__ = inspect.signature(_quantize)
 torch.library.triton_op("adahop::quantize_launched", _quantize_launched, mutates_args=())
-use_static_launcher()
 
 
 def _kernel_outputs(x: torch.Tensor, out) -> list[torch.Tensor]:

@@ -3,7 +3,6 @@ on both backends, and one operator call for both orientations agreeing with the 
 
 from __future__ import annotations
 
-import os
 import pytest
 import torch
 
@@ -249,36 +248,6 @@ def test_inductor_launches_switch_is_on_unless_set_to_0(monkeypatch):
     for value, on in (("", True), ("1", True), ("0", False)):
         monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, value)
         assert library.inductor_launches() is on, value
-
-
-@pytest.mark.parametrize("launches, forced, expected", [
-    ("1", None, True), (None, None, True), ("0", None, False), ("1", "0", False), ("1", "1", False)])
-def test_static_launcher_is_on_with_the_launches_unless_its_variable_decides(monkeypatch, launches, forced, expected):
-    """Where the variable is set, the option is left as it is (Inductor's config read it on import)."""
-    import torch._inductor.config as inductor_config
-
-    for name, value in ((library.INDUCTOR_LAUNCHES_ENV, launches), (library.STATIC_LAUNCH_ENV, forced)):
-        if value is None:
-            monkeypatch.delenv(name, raising=False)
-        else:
-            monkeypatch.setenv(name, value)
-    with inductor_config.patch(static_launch_user_defined_triton_kernels=False):
-        assert library.use_static_launcher() is expected
-        assert inductor_config.static_launch_user_defined_triton_kernels is expected
-
-
-@pytest.mark.parametrize("env, expected", [({}, True), ({library.STATIC_LAUNCH_ENV: "0"}, False),
-                                           ({library.INDUCTOR_LAUNCHES_ENV: "0"}, False),
-                                           ({library.INDUCTOR_LAUNCHES_ENV: "0", library.STATIC_LAUNCH_ENV: "1"}, True)])
-def test_static_launcher_after_importing_adahop(env, expected):
-    """What a fresh process gets on ``import adahop``, the variable overriding either way."""
-    import subprocess
-    import sys
-
-    base = {k: v for k, v in os.environ.items() if k not in (library.INDUCTOR_LAUNCHES_ENV, library.STATIC_LAUNCH_ENV)}
-    code = "import adahop, torch._inductor.config as c; print(c.static_launch_user_defined_triton_kernels)"
-    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == str(expected)
 
 
 def test_inductor_launches_switch_leaves_cpu_tensors_to_the_opaque_operators(monkeypatch):
