@@ -339,3 +339,59 @@ def test_design_inductor_launches_figures_are_the_same_machine_files():
         f" and {lon['125m']['torchao-float8-tensorwise']:.2f}× with the launches",
     ):
         assert want in text, f"DESIGN §6 does not say {want!r}"
+
+
+def test_design_launched_profile_figures_are_the_slower_host_files():
+    """DESIGN §6's account of the launched path's profiles, host cost and layer figures on the H100
+    with the slower host, against the operators' profiles and the faster host's layer file."""
+    gpu = ROOT / "results" / "layer_bench" / "gpu"
+
+    def layers(path: Path) -> dict[str, dict[str, dict]]:
+        out: dict[str, dict[str, dict]] = {}
+        for r in json.loads(path.read_text())["records"]:
+            out.setdefault(r["layer"], {})[r["kind"]] = r
+        return out
+
+    names = ("llama3-8b-k-v", "125m-q-o")
+    launched = {n: layers(gpu / "profiles" / "launched" / f"{n}.json") for n in names}
+    operators = {n: layers(gpu / "profiles" / f"{n}.json") for n in names}
+
+    def kernels(profile: dict, layer: str = "uniform-iht") -> dict[str, float]:
+        return {k["name"]: k["us_per_step"] for kind in profile[layer].values() for k in kind.get("kernels", [])}
+
+    def fmt(values) -> str:
+        return " and ".join(f"{v:.0f}" for v in values)
+
+    iht = {n: launched[n]["uniform-iht"]["gemm"] for n in names}
+    bf16 = {n: launched[n]["nn.Linear-bf16"]["gemm"] for n in names}
+    passes = {n: sum(v for k, v in kernels(launched[n]).items()
+                     if k in ("_hadamard_quantize_kernel", "_redo_kernel", "_fp8_reencode_kernel", "_fp8_group_kernel"))
+              for n in names}
+    host = {r["name"]: r["us_per_call"] for r in json.loads((gpu / "host" / "host-cost-peers-h100-slower-host.json").read_text())["records"]}
+    fast = {r["name"]: r["us_per_call"] for r in json.loads((gpu / "host" / "host-cost-launches-h100.json").read_text())["records"]}
+
+    def ratios(path: Path) -> list[str]:
+        by = {r["out_features"] if r["tokens"] == 16384 else "125m": r["speedup_vs_bf16"]
+              for r in json.loads(path.read_text())["records"]}
+        return [f"{by[k]:.2f}×" for k in (4096, 1024, "125m")]
+
+    slow, faster = ratios(gpu / "layers-iht-launches-h100-slower-host.json"), ratios(gpu / "layers-iht-launches-h100.json")
+    text = prose(DESIGN)
+    for want in (
+        f"one `_scaled_mm` launch took {host['scaled_mm']:.1f} µs of host time there against {fast['scaled_mm']:.1f} µs",
+        f"the compiled bf16 `nn.Linear` {host['peer-bf16-compiled']:.0f} µs a forward + backward",
+        f"At k/v the IHT layer took {iht[names[0]]['wall_us_per_step']:.0f} µs a pass against "
+        f"{iht[names[0]]['layer_us_per_step']:.0f} µs of device time, and at the 125m model's q/o "
+        f"{iht[names[1]]['wall_us_per_step']:.0f} against {iht[names[1]]['layer_us_per_step']:.0f}",
+        f"its quantize kernels took {fmt(launched[n]['uniform-iht']['quantize']['us_per_step'] for n in names)} µs a pass, "
+        f"against {fmt(operators[n]['uniform-iht']['quantize']['us_per_step'] for n in names)} through the operators",
+        "on device time alone these two layers run at " + " and ".join(
+            f"{bf16[n]['layer_us_per_step'] / iht[n]['layer_us_per_step']:.2f}×" for n in names) + " bf16's speed",
+        f"the quantize and re-encode passes ({fmt(passes[n] for n in names)} µs) take " + " and ".join(
+            f"{passes[n] / iht[n]['us_per_step']:.2f}×" for n in names) +
+        f" the time of the three FP8 GEMMs ({fmt(iht[n]['us_per_step'] for n in names)} µs)",
+        f"ran at {slow[0]}, {slow[1]} and {slow[2]} bf16 at q/o, k/v and the 125m attention shape",
+        f"against {faster[0]}, {faster[1]} and {faster[2]} on the faster host",
+        f"(`_fp8_reencode_kernel`, {kernels(launched[names[1]])['_fp8_reencode_kernel']:.0f} µs of the {passes[names[1]]:.0f})",
+    ):
+        assert want in text, f"DESIGN §6 does not say {want!r}"
