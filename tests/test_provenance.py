@@ -263,3 +263,17 @@ def test_a_refused_write_keeps_no_history(tmp_path, monkeypatch):
 def test_history_path_needs_an_iso_date(tmp_path, date):
     with pytest.raises(ValueError, match="date must start with YYYY-MM-DD"):
         provenance_module.history_path(tmp_path / "r.json", date)
+
+
+def test_backend_env_records_the_switches_that_change_a_gpu_result(tmp_path, monkeypatch):
+    """The kernel backend, the Inductor-launch switch and Inductor's static launcher for user Triton
+    kernels are recorded where set, and only those."""
+    for name in ("ADAHOP_BACKEND", "TRITON_INTERPRET", "ADAHOP_RUNS_PER_GPU"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ADAHOP_INDUCTOR_LAUNCHES", "0")
+    monkeypatch.setenv("TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_SOMETHING_ELSE", "1")
+    out = tmp_path / "r.json"
+    write_results(out, [{"a": 1}])
+    assert read_results(out)["provenance"]["backend_env"] == {
+        "ADAHOP_INDUCTOR_LAUNCHES": "0", "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS": "1"}
