@@ -11,6 +11,10 @@ the peers' compiled layers (``nn.Linear`` bf16, torchao float8 tensorwise on a G
 time to beat. On a CPU only the layers and the operators run: through the interpreter under
 ``TRITON_INTERPRET=1``, else through the reference. The compiled layer's kernels and GEMMs are
 launched by Inductor unless ``ADAHOP_INDUCTOR_LAUNCHES=0`` (``adahop.library.inductor_launches``).
+
+Cut by ``--budget-s``, SIGTERM (a job's time limit) or SIGINT, it writes the records it finished
+(``adahop.harness.provenance.write_measured``: beside an existing ``--out``, never over it) and exits
+with status 2.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from test_bench_layer import torchao_float8  # noqa: E402
 
 import adahop  # noqa: E402
 from adahop import library  # noqa: E402
-from adahop.harness.provenance import write_results  # noqa: E402
+from adahop.harness.provenance import Interrupted, interruptible, write_measured  # noqa: E402
 
 
 def per_call_us(fn, calls: int, repeats: int, on_cuda: bool) -> float:
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--budget-s", type=float, help="stop after this many seconds, keeping the records measured")
     args = p.parse_args(argv)
     tokens, fin, fout = args.shape
     if args.calls < 1 or args.repeats < 1:
@@ -149,13 +154,25 @@ def main(argv: list[str] | None = None) -> int:
     on_cuda = torch.cuda.is_available()
     device = torch.device("cuda" if on_cuda else "cpu")
     backend = "triton" if on_cuda or os.environ.get("TRITON_INTERPRET") == "1" else "reference"
-    records = []
-    for name, (what, fn) in callables(tokens, fin, fout, device, backend).items():
-        us = per_call_us(fn, args.calls, args.repeats, on_cuda)
-        records.append({"name": name, "what": what, "us_per_call": us})
-        print(f"{name:18s} {us:9.1f} us  {what}")
+    records, names, interrupted = [], [], None
+    with interruptible(args.budget_s) as budget:
+        try:
+            todo = callables(tokens, fin, fout, device, backend)
+            names = list(todo)
+            for name, (what, fn) in todo.items():
+                budget.check()
+                us = per_call_us(fn, args.calls, args.repeats, on_cuda)
+                records.append({"name": name, "what": what, "us_per_call": us})
+                print(f"{name:18s} {us:9.1f} us  {what}")
+        except Interrupted as e:
+            interrupted = str(e)
     config = {"shape": [tokens, fin, fout], "calls": args.calls, "repeats": args.repeats, "backend": backend}
-    write_results(args.out, records, config=config, device=device, overwrite=args.overwrite)
+    done = {r["name"] for r in records}
+    out = write_measured(args.out, records, interrupted, [n for n in names if n not in done], config=config,
+                         device=device, overwrite=args.overwrite)
+    if interrupted:
+        print(f"host_cost: interrupted ({interrupted}) after {len(records)} records -> {out or 'nothing written'}")
+        return 2
     return 0
 
 

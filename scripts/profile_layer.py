@@ -17,6 +17,10 @@ exceeds the device time, the host bounds the layer, and on a GPU a ``host`` reco
 host's operators by their own CPU time. On a GPU the times are the kernels' device times; on a
 CPU, where there are no kernels, the operators' own CPU times, which show the same passes at a
 small scale.
+
+Cut by ``--budget-s``, SIGTERM (a job's time limit) or SIGINT, it writes the layers it finished
+(``adahop.harness.provenance.write_measured``: beside an existing ``--out``, never over it) and exits
+with status 2.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "bench"))
 from test_bench_layer import torchao_float8  # noqa: E402
 
 import adahop  # noqa: E402
-from adahop.harness.provenance import write_results  # noqa: E402
+from adahop.harness.provenance import Interrupted, interruptible, write_measured  # noqa: E402
 
 # First match wins: the order keeps the quantize kernels out of "copy" (their Inductor neighbours
 # are named after every op they fuse).
@@ -157,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5, help="untimed passes before (compilation, autotuning)")
     p.add_argument("--out", type=Path, required=True, help="results file")
     p.add_argument("--overwrite", action="store_true", help="replace a results file of another configuration")
+    p.add_argument("--budget-s", type=float, help="stop after this many seconds, keeping the layers profiled")
     args = p.parse_args(argv)
     if args.recipe not in adahop.RECIPES:
         p.error(f"--recipe: unknown {args.recipe!r}; known: {sorted(adahop.RECIPES)}")
@@ -168,24 +173,37 @@ def main(argv: list[str] | None = None) -> int:
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(tokens, fin, device=device, generator=gen).to(torch.bfloat16).requires_grad_()
     gy = torch.randn(tokens, fout, device=device, generator=gen).to(torch.bfloat16)
-    records = []
-    for name, (layer, weight) in layers(args.recipe, fin, fout, device).items():
-        torch._dynamo.reset()  # each layer compiled from empty caches, as tests/bench/test_bench_layer.py does
-        wall_us, prof = profile_layer(lambda: torch.autograd.grad(layer(x), (x, weight), gy), args.steps, args.warmup,
-                                      on_cuda)
-        records += records_of(name, own_times(prof, device=on_cuda), args.steps, wall_us)
-        if on_cuda:
-            records.append(host_record(name, own_times(prof, device=False), args.steps, wall_us))
+    records, names, interrupted = [], [], None
+    with interruptible(args.budget_s) as budget:
+        try:
+            todo = layers(args.recipe, fin, fout, device)
+            names = list(todo)
+            for name, (layer, weight) in todo.items():
+                budget.check()
+                torch._dynamo.reset()  # each layer compiled from empty caches, as tests/bench/test_bench_layer.py does
+                wall_us, prof = profile_layer(lambda: torch.autograd.grad(layer(x), (x, weight), gy), args.steps,
+                                              args.warmup, on_cuda)
+                mine = records_of(name, own_times(prof, device=on_cuda), args.steps, wall_us)
+                if on_cuda:
+                    mine.append(host_record(name, own_times(prof, device=False), args.steps, wall_us))
+                records += mine
+        except Interrupted as e:
+            interrupted = str(e)
     config = {"shape": list(args.shape), "recipe": args.recipe, "steps": args.steps, "warmup": args.warmup,
               "times": "kernel device time" if on_cuda else "operator self CPU time"}
-    write_results(args.out, records, config=config, device=device, overwrite=args.overwrite)
+    done = {r["layer"] for r in records}
+    out = write_measured(args.out, records, interrupted, [n for n in names if n not in done], config=config,
+                         device=device, overwrite=args.overwrite)
     for name in dict.fromkeys(r["layer"] for r in records):
         mine = [r for r in records if r["layer"] == name and r["kind"] != "host"]
         host = [r for r in records if r["layer"] == name and r["kind"] == "host"]
         print(f"{name}: wall {mine[0]['wall_us_per_step']:.0f} us a step, device {mine[0]['layer_us_per_step']:.0f}"
               + (f", host operators {host[0]['us_per_step']:.0f}" if host else "") + ": "
               + ", ".join(f"{r['kind']} {r['us_per_step']:.0f} ({r['share']:.0%})" for r in mine))
-    print(f"profile_layer: {len(records)} records -> {args.out}")
+    if interrupted:
+        print(f"profile_layer: interrupted ({interrupted}) after {len(records)} records -> {out or 'nothing written'}")
+        return 2
+    print(f"profile_layer: {len(records)} records -> {out}")
     return 0
 
 

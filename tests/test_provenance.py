@@ -277,3 +277,41 @@ def test_backend_env_records_the_switches_that_change_a_gpu_result(tmp_path, mon
     write_results(out, [{"a": 1}])
     assert read_results(out)["provenance"]["backend_env"] == {
         "ADAHOP_INDUCTOR_LAUNCHES": "0", "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS": "1"}
+
+
+def test_interruptible_turns_a_signal_or_the_budget_into_interrupted():
+    import os
+    import signal
+    import time
+
+    from adahop.harness.provenance import Interrupted, interruptible
+
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted, match="SIGTERM"):
+        with interruptible():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here, long before
+    assert signal.getsignal(signal.SIGTERM) is before
+    with interruptible(0.01) as budget:
+        budget.check()
+        time.sleep(0.02)
+        with pytest.raises(Interrupted, match="budget"):
+            budget.check()
+
+
+def test_write_measured_keeps_a_complete_file_and_puts_a_cut_run_beside_it(tmp_path):
+    from adahop.harness.provenance import write_measured
+
+    out = tmp_path / "host.json"
+    assert write_measured(out, [{"name": "a"}], "budget", ["b"], config={"n": 1}) == out  # no file yet: written there
+    assert read_results(out)["provenance"]["interrupted_by"] == "budget"
+    assert write_measured(out, [{"name": "a"}, {"name": "b"}], None, [], config={"n": 1}) == out
+    complete = out.read_text()
+    assert write_measured(out, [], "SIGTERM", ["a", "b"], config={"n": 1}) is None
+    got = write_measured(out, [{"name": "a"}], "SIGTERM", ["b"], config={"n": 1})
+    assert got == tmp_path / "host-partial.json" and out.read_text() == complete
+    prov = read_results(got)["provenance"]
+    assert prov["interrupted_by"] == "SIGTERM" and prov["not_measured"] == ["b"]
+    gz = tmp_path / "p.json.gz"
+    write_measured(gz, [{"name": "a"}], None, [], config={"n": 1})
+    assert write_measured(gz, [{"name": "a"}], "budget", ["b"], config={"n": 1}) == tmp_path / "p-partial.json.gz"

@@ -169,6 +169,30 @@ def test_profile_layer_writes_each_layers_time_by_kind(tmp_path):
     assert all(r["wall_us_per_step"] > 0 for r in doc["records"])
 
 
+def test_profile_layer_cut_by_its_budget_keeps_the_layers_it_profiled(tmp_path, monkeypatch):
+    import json
+    import time
+
+    script = load("profile_layer")
+    real = script.profile_layer
+
+    def slow_profile(*args):  # the first layer uses up the budget; the second is never started
+        out = real(*args)
+        time.sleep(0.3)
+        return out
+
+    monkeypatch.setattr(script, "profile_layer", slow_profile)
+    out = tmp_path / "profile.json"
+    out.write_text("{}")  # an earlier file stays as it is
+    assert script.main(["--shape", "256x256x256", "--steps", "1", "--warmup", "1", "--out", str(out),
+                        "--budget-s", "0.2"]) == 2
+    assert out.read_text() == "{}"
+    doc = json.loads((tmp_path / "profile-partial.json").read_text())
+    assert {r["layer"] for r in doc["records"]} == {"uniform-iht"}
+    assert doc["provenance"]["interrupted_by"] == "budget"
+    assert doc["provenance"]["not_measured"] == ["nn.Linear-bf16"]
+
+
 def test_profile_layer_host_record_sums_every_operator_and_lists_the_largest():
     script = load("profile_layer")
     times = {f"op{i}": (2 * i, 10.0 * i) for i in range(1, script.HOST_OPS + 6)}  # over 2 steps
@@ -191,6 +215,31 @@ def test_host_cost_writes_a_call_time_for_each_step_it_times(tmp_path):
     assert names[:6] == ["layer-compiled", "layer-eager", "op-quantize", "op-fp8_encode", "op-fp8_mm", "peer-bf16-compiled"]
     assert all(r["us_per_call"] > 0 for r in doc["records"])
     assert doc["provenance"]["config"]["shape"] == [128, 128, 128]
+
+
+def test_host_cost_cut_by_a_signal_writes_what_it_measured_and_exits_2(tmp_path, monkeypatch):
+    import json
+    import os
+    import signal
+
+    script = load("host_cost")
+    timed = []
+
+    def fake_per_call_us(fn, calls, repeats, on_cuda):  # the third timing is cut by a job's time limit
+        timed.append(fn)
+        if len(timed) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return 1.0
+
+    monkeypatch.setattr(script, "per_call_us", fake_per_call_us)
+    out = tmp_path / "host.json"
+    handler = signal.getsignal(signal.SIGTERM)
+    assert script.main(["--shape", "128x128x128", "--out", str(out)]) == 2
+    doc = json.loads(out.read_text())
+    assert [r["name"] for r in doc["records"]] == ["layer-compiled", "layer-eager"]
+    assert doc["provenance"]["interrupted_by"] == "SIGTERM"
+    assert doc["provenance"]["not_measured"][:2] == ["op-quantize", "op-fp8_encode"]
+    assert signal.getsignal(signal.SIGTERM) is handler and len(timed) == 3
 
 
 @pytest.mark.parametrize("shape", ["100x128x128", "128x128", "axbxc"])

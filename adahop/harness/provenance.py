@@ -16,6 +16,7 @@ are large); the gzip header's mtime is 0, so rewriting the same document gives t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import gzip
 import json
@@ -23,11 +24,13 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import tempfile
+import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 
@@ -355,3 +358,57 @@ def read_results(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(doc, dict) or "provenance" not in doc or not isinstance(doc.get("records"), list):
         raise ValueError(f"{path} is not a results file (needs 'provenance' and a 'records' list)")
     return doc
+
+
+class Interrupted(Exception):
+    """What stopped a measuring loop before its end: ``"budget"`` or a signal's name."""
+
+
+class Budget:
+    """:func:`interruptible`'s handle: :meth:`check` between measurements."""
+
+    def __init__(self, budget_s: float | None):
+        self.deadline = None if budget_s is None else time.monotonic() + budget_s
+
+    def check(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise Interrupted("budget")
+
+
+@contextlib.contextmanager
+def interruptible(budget_s: float | None = None) -> Iterator[Budget]:
+    """A measuring loop that a job's time limit may cut: inside, SIGTERM and SIGINT raise
+    :class:`Interrupted` where the loop is (a compile or a timing in progress is abandoned), and
+    ``check()`` raises it once ``budget_s`` seconds have passed. Catch it, then write what was
+    measured with :func:`write_measured`."""
+    def stop(signum, _frame):
+        raise Interrupted(signal.Signals(signum).name)
+
+    handlers = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield Budget(budget_s)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def write_measured(path: str | os.PathLike, records: list[dict[str, Any]], interrupted: str | None,
+                   not_measured: list[str], **kwargs) -> Path | None:
+    """:func:`write_results` of a loop run under :func:`interruptible`; returns the path written.
+
+    Complete (``interrupted`` None): ``path``. Cut: the provenance adds ``interrupted_by`` and the
+    names ``not_measured``; nothing is written without a record, and where ``path`` exists the
+    partial file goes beside it (``<name>-partial<suffix>``), so that a cut rerun never replaces a
+    complete file."""
+    path = Path(path)
+    if interrupted is None:
+        write_results(path, records, **kwargs)
+        return path
+    if not records:
+        return None
+    if path.exists():
+        suffix = ".json.gz" if is_compressed(path) else path.suffix
+        path = path.with_name(path.name[: len(path.name) - len(suffix)] + "-partial" + suffix)
+    extra = {**(kwargs.pop("extra_provenance", None) or {}), "interrupted_by": interrupted, "not_measured": not_measured}
+    write_results(path, records, extra_provenance=extra, **kwargs)
+    return path
