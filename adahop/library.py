@@ -194,14 +194,32 @@ def _launched(x: torch.Tensor, backend: str) -> bool:
     return inductor_launches() and _gpu_kernels(x, backend)
 
 
+def _plain_eager(*tensors: torch.Tensor | None) -> bool:
+    """Whether an operator call may run its implementation directly, without the dispatcher: eager
+    (not traced by ``torch.compile``, no dispatch or function mode active) on plain CPU or CUDA
+    tensors (not meta; no subclass such as FakeTensor or DTensor, no functorch transform). The operator's dispatch adds
+    nothing there but host time, tens of microseconds a call (``scripts/host_cost.py``:
+    ``op-quantize`` against ``kernels-quantize``); every other caller goes through the operator."""
+    if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+            or torch._C._is_torch_function_mode_enabled()):
+        return False
+    return all(t is None or (type(t) is torch.Tensor and t.device.type in ("cpu", "cuda")
+                             and not torch._C._functorch.is_functorch_wrapped_tensor(t))
+               for t in tensors)
+
+
 def quantize(*args) -> tuple[torch.Tensor, ...]:
     """``torch.ops.adahop.quantize`` (its arguments, positional), or ``quantize_launched`` where
     :func:`_launched` says so and the call reads nothing on the host (``nan_policy="propagate"``, a
-    seed for the stochastic rounding)."""
+    seed for the stochastic rounding); eager on plain tensors (:func:`_plain_eager`), the operator's
+    implementation called directly."""
     if len(args) != 10:
         raise TypeError(f"quantize takes the 10 arguments of adahop::quantize, positional ones; got {len(args)}")
-    x, _, _, seed, _, _, _, rounding, nan_policy, backend = args
-    if _launched(x, backend) and nan_policy == "propagate" and (seed is not None or rounding != "sr"):
+    x, signs_k, signs_m, seed, _, _, _, rounding, nan_policy, backend = args
+    launched = _launched(x, backend)  # reads (and checks) the switch whatever the path
+    if _plain_eager(x, signs_k, signs_m, seed):
+        return _quantize(*args)
+    if launched and nan_policy == "propagate" and (seed is not None or rounding != "sr"):
         return torch.ops.adahop.quantize_launched(*args)
     return torch.ops.adahop.quantize(*args)
 
@@ -292,18 +310,25 @@ def _(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, 
 
 
 def fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.ops.adahop.fp8_encode``, or ``fp8_encode_launched`` where :func:`_launched` says so."""
-    op = torch.ops.adahop.fp8_encode_launched if _launched(codes, backend) else torch.ops.adahop.fp8_encode
+    """``torch.ops.adahop.fp8_encode``, or ``fp8_encode_launched`` where :func:`_launched` says so;
+    eager on plain tensors (:func:`_plain_eager`), the operator's implementation called directly."""
+    launched = _launched(codes, backend)  # reads (and checks) the switch whatever the path
+    if _plain_eager(codes, scales):
+        return _fp8_encode_impl(codes, scales, layout, backend)
+    op = torch.ops.adahop.fp8_encode_launched if launched else torch.ops.adahop.fp8_encode
     return op(codes, scales, layout, backend)
 
 
-@torch.library.custom_op("adahop::fp8_encode", mutates_args=())
-def _fp8_encode(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _fp8_encode_impl(codes: torch.Tensor, scales: torch.Tensor, layout: str, backend: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 E4M3 ``(rows, K)`` and fp32 scales (by ``layout``) of packed MXFP4 ``(rows, K)``.
 
     Equivalent to :func:`adahop.formats.to_fp8_rowwise_ref` (``row``) or ``to_fp8_ref(t, layout)``.
     """
     return _fp8_of(MXFP4Tensor(codes, scales), layout, backend)
+
+
+_fp8_encode = torch.library.custom_op("adahop::fp8_encode", _fp8_encode_impl, mutates_args=())
 
 
 @torch.library.triton_op("adahop::fp8_encode_launched", mutates_args=())

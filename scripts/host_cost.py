@@ -69,11 +69,14 @@ def callables(tokens: int, fin: int, fout: int, device: torch.device, backend: s
                            lambda: torch.autograd.grad(compiled(x), (x, layer.weight), gy)),
         "layer-eager": ("the same, eager", lambda: torch.autograd.grad(layer(x), (x, layer.weight), gy)),
         "op-quantize": ("torch.ops.adahop.quantize: X along in (FP8 seg128) and along tokens (packed), one read",
-                        lambda: library.quantize(xd, None, None, seed, req_x, req_xt, 32, "rne", "propagate", backend)),
+                        lambda: torch.ops.adahop.quantize(xd, None, None, seed, req_x, req_xt, 32, "rne", "propagate",
+                                                          backend)),
+        "eager-quantize": ("adahop.library.quantize, eager: the same, the operator's implementation called directly",
+                           lambda: library.quantize(xd, None, None, seed, req_x, req_xt, 32, "rne", "propagate", backend)),
     }
     q = library.quantize(xd, None, None, seed, "", req_xt, 32, "rne", "propagate", backend)
     out["op-fp8_encode"] = ("torch.ops.adahop.fp8_encode: a saved packed operand to FP8 tile128",
-                            lambda: library.fp8_encode(q[5], q[6], "tile128", backend))
+                            lambda: torch.ops.adahop.fp8_encode(q[5], q[6], "tile128", backend))
     wq = library.quantize(layer.weight.detach(), None, None, seed, "fp8=row", "", 32, "rne", "propagate", backend)
     xq = library.quantize(xd, None, None, seed, "fp8=row", "", 32, "rne", "propagate", backend)
     out["op-fp8_mm"] = ("torch.ops.adahop.fp8_mm: the forward's rowwise FP8 GEMM through its operator",

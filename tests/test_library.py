@@ -250,6 +250,49 @@ def test_inductor_launches_switch_is_on_unless_set_to_0(monkeypatch):
         assert library.inductor_launches() is on, value
 
 
+def test_eager_calls_on_plain_tensors_skip_the_dispatcher_and_give_the_operators_outputs():
+    from torch.profiler import ProfilerActivity, profile
+
+    x = torch.randn(128, 256)
+    args = (x, None, None, None, "packed,fp8=tile128", "fp8=seg128", 32, "rne", "propagate", "reference")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        direct = library.quantize(*args)
+        fp8 = library.fp8_encode(direct[0], direct[1], "row", "reference")
+    names = {e.key for e in prof.key_averages()}
+    assert "adahop::quantize" not in names and "adahop::fp8_encode" not in names, names
+    assert all(map(bitwise_equal, direct, torch.ops.adahop.quantize(*args)))
+    assert all(map(bitwise_equal, fp8, torch.ops.adahop.fp8_encode(direct[0], direct[1], "row", "reference")))
+
+
+def test_only_plain_eager_tensors_skip_the_dispatcher():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.overrides import TorchFunctionMode
+
+    class Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(64, 64)
+    assert library._plain_eager(x, None)
+    assert not library._plain_eager(x, torch.empty(4, device="meta"))
+    with Passthrough():
+        assert not library._plain_eager(x)
+    with FakeTensorMode() as mode:
+        assert not library._plain_eager(mode.from_tensor(x))
+    assert not torch.func.vmap(lambda t: torch.tensor(library._plain_eager(t)))(x).any()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm
+
+    torch._dynamo.reset()
+    torch.compile(lambda t: library.quantize(t, None, None, None, "packed", "", 32, "rne", "propagate", "reference"),
+                  backend=record, fullgraph=True)(x)
+    targets = [str(n.target) for g in graphs for n in g.graph.nodes if n.op == "call_function"]
+    assert any("adahop.quantize" in t for t in targets), targets
+
+
 def test_inductor_launches_switch_leaves_cpu_tensors_to_the_opaque_operators(monkeypatch):
     """On a CPU the kernels run under the interpreter, which Inductor cannot launch: with the switch
     on, the operators still call their opaque twins, and compile to the eager results."""

@@ -212,7 +212,8 @@ def test_host_cost_writes_a_call_time_for_each_step_it_times(tmp_path):
     # On a CPU: the layer, compiled and eager, three operators (the kernels' launches are a GPU's)
     # and the bf16 peer (torchao's float8 training needs a GPU)
     names = [r["name"] for r in doc["records"]]
-    assert names[:6] == ["layer-compiled", "layer-eager", "op-quantize", "op-fp8_encode", "op-fp8_mm", "peer-bf16-compiled"]
+    assert names[:7] == ["layer-compiled", "layer-eager", "op-quantize", "eager-quantize", "op-fp8_encode", "op-fp8_mm",
+                         "peer-bf16-compiled"]
     assert all(r["us_per_call"] > 0 for r in doc["records"])
     assert doc["provenance"]["config"]["shape"] == [128, 128, 128]
 
@@ -238,7 +239,7 @@ def test_host_cost_cut_by_a_signal_writes_what_it_measured_and_exits_2(tmp_path,
     doc = json.loads(out.read_text())
     assert [r["name"] for r in doc["records"]] == ["layer-compiled", "layer-eager"]
     assert doc["provenance"]["interrupted_by"] == "SIGTERM"
-    assert doc["provenance"]["not_measured"][:2] == ["op-quantize", "op-fp8_encode"]
+    assert doc["provenance"]["not_measured"][:2] == ["op-quantize", "eager-quantize"]
     assert signal.getsignal(signal.SIGTERM) is handler and len(timed) == 3
 
 
