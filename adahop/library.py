@@ -197,9 +197,10 @@ def _launched(x: torch.Tensor, backend: str) -> bool:
 def _plain_eager(*tensors: torch.Tensor | None) -> bool:
     """Whether an operator call may run its implementation directly, without the dispatcher: eager
     (not traced by ``torch.compile``, no dispatch or function mode active) on plain CPU or CUDA
-    tensors (not meta; no subclass such as FakeTensor or DTensor, no functorch transform). The operator's dispatch adds
-    nothing there but host time, tens of microseconds a call (``scripts/host_cost.py``:
-    ``op-quantize`` against ``kernels-quantize``); every other caller goes through the operator."""
+    tensors (not meta; no subclass such as FakeTensor or DTensor, no functorch transform). The
+    operator's dispatch adds nothing there but host time, tens of microseconds a call
+    (``scripts/host_cost.py``: ``op-quantize`` against ``kernels-quantize``); every other caller
+    goes through the operator."""
     if (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
             or torch._C._is_torch_function_mode_enabled()):
         return False

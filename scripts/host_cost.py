@@ -71,7 +71,8 @@ def callables(tokens: int, fin: int, fout: int, device: torch.device, backend: s
         "op-quantize": ("torch.ops.adahop.quantize: X along in (FP8 seg128) and along tokens (packed), one read",
                         lambda: torch.ops.adahop.quantize(xd, None, None, seed, req_x, req_xt, 32, "rne", "propagate",
                                                           backend)),
-        "eager-quantize": ("adahop.library.quantize, eager: the same, the operator's implementation called directly",
+        "eager-quantize": ("adahop.library.quantize, eager: the same, the operator's implementation called "
+                           "directly",
                            lambda: library.quantize(xd, None, None, seed, req_x, req_xt, 32, "rne", "propagate", backend)),
     }
     q = library.quantize(xd, None, None, seed, "", req_xt, 32, "rne", "propagate", backend)
@@ -170,9 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         except Interrupted as e:
             interrupted = str(e)
     config = {"shape": [tokens, fin, fout], "calls": args.calls, "repeats": args.repeats, "backend": backend}
-    done = {r["name"] for r in records}
-    out = write_measured(args.out, records, interrupted, [n for n in names if n not in done], config=config,
-                         device=device, overwrite=args.overwrite)
+    out = write_measured(args.out, records, interrupted, names, "name", config=config, device=device,
+                         overwrite=args.overwrite)
     if interrupted:
         print(f"host_cost: interrupted ({interrupted}) after {len(records)} records -> {out or 'nothing written'}")
         return 2

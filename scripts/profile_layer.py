@@ -191,9 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             interrupted = str(e)
     config = {"shape": list(args.shape), "recipe": args.recipe, "steps": args.steps, "warmup": args.warmup,
               "times": "kernel device time" if on_cuda else "operator self CPU time"}
-    done = {r["layer"] for r in records}
-    out = write_measured(args.out, records, interrupted, [n for n in names if n not in done], config=config,
-                         device=device, overwrite=args.overwrite)
+    out = write_measured(args.out, records, interrupted, names, "layer", config=config, device=device,
+                         overwrite=args.overwrite)
     for name in dict.fromkeys(r["layer"] for r in records):
         mine = [r for r in records if r["layer"] == name and r["kind"] != "host"]
         host = [r for r in records if r["layer"] == name and r["kind"] == "host"]

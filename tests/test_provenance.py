@@ -303,15 +303,18 @@ def test_write_measured_keeps_a_complete_file_and_puts_a_cut_run_beside_it(tmp_p
     from adahop.harness.provenance import write_measured
 
     out = tmp_path / "host.json"
-    assert write_measured(out, [{"name": "a"}], "budget", ["b"], config={"n": 1}) == out  # no file yet: written there
+    planned = ["a", "b"]
+    # no file yet: written there
+    assert write_measured(out, [{"name": "a"}], "budget", planned, "name", config={"n": 1}) == out
     assert read_results(out)["provenance"]["interrupted_by"] == "budget"
-    assert write_measured(out, [{"name": "a"}, {"name": "b"}], None, [], config={"n": 1}) == out
+    assert write_measured(out, [{"name": "a"}, {"name": "b"}], None, planned, "name", config={"n": 1}) == out
     complete = out.read_text()
-    assert write_measured(out, [], "SIGTERM", ["a", "b"], config={"n": 1}) is None
-    got = write_measured(out, [{"name": "a"}], "SIGTERM", ["b"], config={"n": 1})
+    assert write_measured(out, [], "SIGTERM", planned, "name", config={"n": 1}) is None
+    got = write_measured(out, [{"name": "a"}], "SIGTERM", planned, "name", config={"n": 1})
     assert got == tmp_path / "host-partial.json" and out.read_text() == complete
     prov = read_results(got)["provenance"]
     assert prov["interrupted_by"] == "SIGTERM" and prov["not_measured"] == ["b"]
     gz = tmp_path / "p.json.gz"
-    write_measured(gz, [{"name": "a"}], None, [], config={"n": 1})
-    assert write_measured(gz, [{"name": "a"}], "budget", ["b"], config={"n": 1}) == tmp_path / "p-partial.json.gz"
+    write_measured(gz, [{"name": "a"}], None, planned, "name", config={"n": 1})
+    partial = write_measured(gz, [{"name": "a"}], "budget", planned, "name", config={"n": 1})
+    assert partial == tmp_path / "p-partial.json.gz"

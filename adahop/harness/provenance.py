@@ -272,6 +272,12 @@ HISTORY_DIR = "history"
 _DAY = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
+def _stem_and_suffix(path: Path) -> tuple[str, str]:
+    """A results file's name split before its suffix, ``.json.gz`` counted as one."""
+    suffix = ".json.gz" if is_compressed(path) else path.suffix
+    return path.name[: len(path.name) - len(suffix)], suffix
+
+
 def history_path(path: str | os.PathLike, date: str) -> Path:
     """Where the predecessor of results file ``path``, made on ``date`` (ISO, ``YYYY-MM-DD...``),
     is kept: ``<folder>/history/<name>-<YYYY-MM-DD><suffix>``, with ``-2``, ``-3``... after the
@@ -280,8 +286,7 @@ def history_path(path: str | os.PathLike, date: str) -> Path:
     day = str(date)[:10]
     if not _DAY.fullmatch(day):
         raise ValueError(f"date must start with YYYY-MM-DD, got {date!r}")
-    suffix = ".json.gz" if is_compressed(path) else path.suffix
-    stem = path.name[: len(path.name) - len(suffix)]
+    stem, suffix = _stem_and_suffix(path)
     folder = path.parent / HISTORY_DIR
     candidate, n = folder / f"{stem}-{day}{suffix}", 2
     while candidate.exists():
@@ -393,13 +398,14 @@ def interruptible(budget_s: float | None = None) -> Iterator[Budget]:
 
 
 def write_measured(path: str | os.PathLike, records: list[dict[str, Any]], interrupted: str | None,
-                   not_measured: list[str], **kwargs) -> Path | None:
-    """:func:`write_results` of a loop run under :func:`interruptible`; returns the path written.
+                   planned: list[str], key: str, **kwargs) -> Path | None:
+    """:func:`write_results` of a loop run under :func:`interruptible` over the names ``planned``
+    (each record names its own under ``key``); returns the path written.
 
     Complete (``interrupted`` None): ``path``. Cut: the provenance adds ``interrupted_by`` and the
-    names ``not_measured``; nothing is written without a record, and where ``path`` exists the
-    partial file goes beside it (``<name>-partial<suffix>``), so that a cut rerun never replaces a
-    complete file."""
+    planned names no record has (``not_measured``); nothing is written without a record, and where
+    ``path`` exists the partial file goes beside it (``<name>-partial<suffix>``), so that a cut rerun
+    never replaces a complete file."""
     path = Path(path)
     if interrupted is None:
         write_results(path, records, **kwargs)
@@ -407,8 +413,10 @@ def write_measured(path: str | os.PathLike, records: list[dict[str, Any]], inter
     if not records:
         return None
     if path.exists():
-        suffix = ".json.gz" if is_compressed(path) else path.suffix
-        path = path.with_name(path.name[: len(path.name) - len(suffix)] + "-partial" + suffix)
-    extra = {**(kwargs.pop("extra_provenance", None) or {}), "interrupted_by": interrupted, "not_measured": not_measured}
+        stem, suffix = _stem_and_suffix(path)
+        path = path.with_name(f"{stem}-partial{suffix}")
+    done = {r[key] for r in records}
+    extra = {**(kwargs.pop("extra_provenance", None) or {}), "interrupted_by": interrupted,
+             "not_measured": [name for name in planned if name not in done]}
     write_results(path, records, extra_provenance=extra, **kwargs)
     return path
