@@ -48,7 +48,10 @@ SIGTERM (``timeout``, Slurm, ``torchrun`` forwarding its own) ends training at t
 boundary: that step is checkpointed and the script exits with status 75 (EX_TEMPFAIL); the same
 command resumes there. ``timeout`` sends its SIGTERM twice, to the process and then to its process
 group (torchrun's ranks get theirs and the launcher's): a repeat within a few seconds is the same
-request; a SIGTERM after that ends the process at once.
+request; a SIGTERM after that ends the process at once. With ``--throughput-only`` the recipe in
+progress gets a record in the results file at once (``error: stopped``, where, the wall time of each
+step it finished and how long the step in progress had run: a compiling step can outlast a
+scheduler's grace period), written again when that step ends; the script then exits with status 75.
 
 Settings come from the ``pretrain`` section of the profile: every key that is a field of
 :class:`adahop.harness.train.TrainConfig` is a default, the command line overrides it; ``compile_recipes``
@@ -64,7 +67,7 @@ import gc
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +106,10 @@ class StopOnSignal:
     def __init__(self, repeat_grace_s: float = 5.0) -> None:
         self.reason: str | None = None
         self.trainer: Trainer | None = None
+        # Called with the reason at the first signal, after the trainer was asked to stop: the
+        # throughput stage writes what the recipe in progress has done, which a hard kill after a
+        # grace period shorter than the step in progress (Slurm's KillWait) would otherwise lose.
+        self.on_request: Callable[[str], None] | None = None
         self.repeat_grace_s = repeat_grace_s
         self.first_at: float | None = None
         self.previous = signal.signal(signal.SIGTERM, self._handle)
@@ -118,6 +125,11 @@ class StopOnSignal:
         self.reason = f"signal {signal.Signals(signum).name}"
         if self.trainer is not None:
             self.trainer.request_stop(self.reason)
+        if self.on_request is not None:
+            try:
+                self.on_request(self.reason)
+            except Exception as err:  # noqa: BLE001 - the step in progress must not end on it
+                print(f"pretrain: could not record the stop request: {err!r}", file=sys.stderr)
 
     def watch(self, trainer: Trainer) -> Trainer:
         """Route the signal to ``trainer`` (one that arrived before it existed applies at once)."""
@@ -136,8 +148,9 @@ class StopOnSignal:
         self.release()
 
     def release(self) -> None:
-        """Let the watched trainer go (a signal until the next :meth:`watch` stops nothing)."""
-        self.trainer = None
+        """Let the watched trainer go (a signal until the next :meth:`watch` stops nothing), and
+        forget :attr:`on_request`, which described it."""
+        self.trainer, self.on_request = None, None
 
 
 # Keys of the profile's pretrain section the script reads besides TrainConfig's fields.
@@ -416,20 +429,47 @@ def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: tor
     }
 
 
+def _phase(args: argparse.Namespace, step: int) -> str:
+    return "untimed" if step <= args.untimed_steps else "timed or later"
+
+
+def unmeasured_record(args: argparse.Namespace, recipe: str, error: str, failed_at: str, held_before: float | None,
+                      **details: Any) -> dict[str, Any]:
+    """The record of a recipe with no figures (``error``: why), ``failed_at`` saying where."""
+    cfg = resolve_config(args, recipe=recipe)
+    return {"model": cfg.model, "recipe": recipe, "world_size": 1, "fsdp": cfg.fsdp, "batch_size": cfg.batch_size,
+            "seq_len": cfg.seq_len, "compile": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None,
+            "error": error, "failed_at": failed_at, **details, "allocated_before_gib": held_before,
+            "config": dataclasses.asdict(cfg)}
+
+
 def out_of_memory_record(args: argparse.Namespace, recipe: str, trainer: Trainer | None,
                          err: torch.OutOfMemoryError, held_before: float | None) -> dict[str, Any]:
     """The record of a recipe that ran out of GPU memory: where (building the model, or the
     untimed or timed step it reached) and the allocator's message, in place of the figures."""
-    cfg = resolve_config(args, recipe=recipe)
+    failed_at = ("while building the model" if trainer is None
+                 else f"in step {trainer.step + 1} ({_phase(args, trainer.step + 1)})")
+    return unmeasured_record(args, recipe, "out of memory", failed_at, held_before,
+                             message=str(err).splitlines()[0][:400])
+
+
+def stopped_record(args: argparse.Namespace, recipe: str, trainer: Trainer | None, reason: str,
+                   held_before: float | None, in_step: bool) -> dict[str, Any]:
+    """The record of a recipe stopped by a signal before its figures: where, and the wall time of
+    each step it finished (``step_s``: the untimed ones say whether calibration or compilation
+    took the time). ``in_step``: written at the signal, while a step still runs (``step_running_s``:
+    how long it had run); otherwise after the step it stopped at."""
     if trainer is None:
-        failed_at = "while building the model"
+        failed_at, step_s, running = "while building the model", [], None
     else:
-        phase = "untimed" if trainer.step < args.untimed_steps else "timed or later"
-        failed_at = f"in step {trainer.step + 1} ({phase})"
-    return {"model": cfg.model, "recipe": recipe, "world_size": 1, "fsdp": cfg.fsdp, "batch_size": cfg.batch_size,
-            "seq_len": cfg.seq_len, "compile": cfg.compile, "compile_mode": cfg.compile_mode if cfg.compile else None,
-            "error": "out of memory", "failed_at": failed_at, "message": str(err).splitlines()[0][:400],
-            "allocated_before_gib": held_before, "config": dataclasses.asdict(cfg)}
+        step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in trainer.history if "tokens_per_s" in r]
+        running = None
+        if in_step and trainer.step_started_at is not None:
+            running = time.perf_counter() - trainer.step_started_at
+        failed_at = (f"in step {trainer.step + 1} ({_phase(args, trainer.step + 1)})" if in_step
+                     else f"after step {trainer.step} ({_phase(args, trainer.step)})")
+    return unmeasured_record(args, recipe, "stopped", failed_at, held_before, reason=reason, step_s=step_s,
+                             step_running_s=running)
 
 
 def summary(record: dict[str, Any]) -> str:
@@ -457,12 +497,23 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
                    "vocab_size": vocab_size, "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
     if info.is_main:
         check_replaceable(args.results, file_config)  # before measuring, not after the first recipe
+
+    def write(recs: list[dict[str, Any]]) -> None:
+        write_results(args.results, recs, config=file_config, seed=recs[-1]["config"]["seed"], device=device)
+
     for recipe in recipes:
         # CUDA: what this process held before the recipe's trainer was built (~0: nothing left
         # of an earlier recipe); None on a CPU
         held_before = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        if info.is_main:  # at a signal: this recipe's record so far, beside those measured
+            stop.on_request = lambda reason, recipe=recipe, held=held_before: write(
+                [*records, stopped_record(args, recipe, stop.trainer, reason, held, in_step=True)])
         try:
             records.append(measure_recipe(args, recipe, info, device, vocab_size, stop, held_before))
+        except TrainingStopped as err:
+            if info.is_main:  # the step it was in has ended: the record again, with that step
+                write([*records, stopped_record(args, recipe, stop.trainer, err.reason, held_before, in_step=False)])
+            raise
         except torch.OutOfMemoryError as err:
             if info.world_size > 1:
                 raise  # the other ranks wait in a collective for this one
@@ -474,7 +525,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         if info.is_main:
             print(f"throughput: {recipe}: {summary(records[-1])}")
             # After each recipe: a run cut short keeps what it measured.
-            write_results(args.results, records, config=file_config, seed=records[-1]["config"]["seed"], device=device)
+            write(records)
         # The next recipe starts from nothing of this one's: its trainer (weights, gradients,
         # optimizer state: 47 GB at 3b), its compiled graphs and, under CUDA graphs, the graphs'
         # memory pool (which would otherwise stay reserved and count in the next recipe's peak; it
@@ -494,7 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         (run_throughput if args.throughput_only else run_training)(args, stop)
     except TrainingStopped as err:
-        print(f"pretrain: {err}; the same command resumes there", file=sys.stderr)
+        if args.throughput_only:  # nothing to resume: the same command measures again
+            print(f"pretrain: throughput stopped after step {err.step} ({err.reason}); {args.results} holds the "
+                  "recipes measured and where this one stopped", file=sys.stderr)
+        else:
+            print(f"pretrain: {err}; the same command resumes there", file=sys.stderr)
         return EXIT_STOPPED
     finally:
         stop.restore()

@@ -463,6 +463,42 @@ def test_throughput_records_a_recipe_out_of_memory_and_measures_the_next(profile
     assert oom["config"]["recipe"] == "mxfp4" and oom["batch_size"] == bf16["batch_size"]
 
 
+def test_throughput_sigterm_records_the_recipe_in_progress_at_once_and_after_its_step(profile, tmp_path,
+                                                                                      monkeypatch):
+    # A compiling step can outlast a scheduler's grace period (Slurm's KillWait): the record of
+    # where the recipe stood is written at the signal, before the step ends, then again after it.
+    script = load_script()
+    real, seen_mid_step = script.Trainer, []
+    results = tmp_path / "throughput.json"
+
+    class SignalledInMxfp4(real):
+        def train_step(self):
+            if self.cfg.recipe == "mxfp4" and self.step == 1:  # inside its second step
+                signal.raise_signal(signal.SIGTERM)  # the handler runs now, as it would mid-compile
+                seen_mid_step.append(read_results(results)["records"])
+            return super().train_step()
+
+    monkeypatch.setattr(script, "Trainer", SignalledInMxfp4)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        status = script.main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "512",
+                              "--untimed-steps", "3", "--steps", "1", "--device", "cpu", "--no-progress",
+                              "--recipe", "bf16,mxfp4,uniform-iht", "--results", str(results)])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert status == script.EXIT_STOPPED
+    [[bf16, early]] = seen_mid_step
+    assert bf16["recipe"] == "bf16" and bf16["tokens_per_s"] > 0
+    assert early["recipe"] == "mxfp4" and early["error"] == "stopped" and early["reason"] == "signal SIGTERM"
+    assert early["failed_at"] == "in step 2 (untimed)" and len(early["step_s"]) == 1 and early["step_running_s"] >= 0
+    records = read_results(results)["records"]
+    assert [r["recipe"] for r in records] == ["bf16", "mxfp4"]  # uniform-iht never began
+    final = records[1]
+    assert final["failed_at"] == "after step 2 (untimed)" and final["step_running_s"] is None
+    assert len(final["step_s"]) == 2 and all(t > 0 for t in final["step_s"]) and "tokens_per_s" not in final
+    assert final["config"]["recipe"] == "mxfp4" and final["batch_size"] == bf16["batch_size"]
+
+
 class Halves:
     """Splits each batch of a source into two micro-batches of half the sequences."""
 

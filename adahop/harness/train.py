@@ -561,12 +561,15 @@ class Trainer:
         self.best_val_loss: float | None = None
         self.last_checkpoint: Path | None = None
         self.history: list[dict[str, Any]] = []
-        # Which code trained which steps: one entry per start or resume (a run split over device
-        # calls, or resumed on a machine that kept an older commit's checkpoint, says so).
+        # Which code trained which steps: one entry per start or resume (a run split over several
+        # jobs, or resumed on a machine that kept an older commit's checkpoint, says so).
         commit, dirty = git_state()
         self.segments: list[dict[str, Any]] = [{"from_step": 0, "git_commit": commit, "git_dirty": dirty}]
         self.stop_reason: str | None = None  # set by request_stop (e.g. from a signal handler)
         self._stop_agreed = False  # some rank asked to stop (from the last step's all-reduce)
+        # perf_counter() when the step in progress began (None before the first): how long a step
+        # has run when a signal asks the run to stop (a compiling step can take minutes)
+        self.step_started_at: float | None = None
         if self.out_dir is not None:
             self._resume()
 
@@ -858,6 +861,7 @@ class Trainer:
         t_last, steps_since, paused = time.perf_counter(), 0, 0.0
         try:
             while self.step < stop:
+                self.step_started_at = time.perf_counter()
                 out = self.train_step()
                 steps_since += 1
                 final = self.step == self.total_steps
