@@ -78,7 +78,13 @@ import yaml
 from adahop.harness.data import read_meta
 from adahop.linear import strategy_fixes
 from adahop.harness.model import REFERENCE_VOCAB, export_hf
-from adahop.harness.provenance import check_replaceable, compile_cache_files, write_results
+from adahop.harness.provenance import (
+    check_replaceable,
+    compile_cache_files,
+    compile_seconds,
+    compile_seconds_since,
+    write_results,
+)
 from adahop.harness.train import (
     COMPILE_MODES,
     RandomTokenBatches,
@@ -352,7 +358,7 @@ def profile_steps(trainer: Trainer, path: Path) -> None:
 
 
 def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: torch.device, vocab_size: int,
-                   stop: StopOnSignal, held_before: float | None) -> dict[str, Any]:
+                   stop: StopOnSignal, held_before: float | None, compile_before: dict[str, float]) -> dict[str, Any]:
     """Build ``recipe``'s trainer (watched by ``stop``), run its untimed, timed, busy and profiled
     steps, and return its throughput record."""
     base = resolve_config(args, recipe=recipe)
@@ -371,6 +377,7 @@ def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: tor
     trainer = stop.watch(Trainer(cfg, vocab_size, batches, dist_info=info, device=device, progress=not args.no_progress))
     untimed = trainer.run(until=args.untimed_steps)  # compile, warm-up, calibration: not timed, not in peak memory
     untimed_s = time.perf_counter() - t_untimed
+    compile_phase_s = compile_seconds_since(compile_before)
     if snapshot:
         dump_memory_snapshot(args.memory_snapshot, cfg.model, recipe)
     # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
@@ -405,6 +412,8 @@ def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: tor
         "untimed_s": untimed_s,
         "untimed_step_s": untimed_step_s,
         "build_s": untimed_s - sum(untimed_step_s),
+        # of those seconds, torch.compile's phases (Dynamo, the backend, kernel compiles waited on)
+        "compile_phase_s": compile_phase_s,
         # files in the compilers' caches when this recipe began: 0 for a cold start
         "compile_cache_files": caches,
         "timed_steps": len(history),
@@ -454,11 +463,12 @@ def out_of_memory_record(args: argparse.Namespace, recipe: str, trainer: Trainer
 
 
 def stopped_record(args: argparse.Namespace, recipe: str, trainer: Trainer | None, reason: str,
-                   held_before: float | None, in_step: bool) -> dict[str, Any]:
-    """The record of a recipe stopped by a signal before its figures: where, and the wall time of
-    each step it finished (``step_s``: the untimed ones say whether calibration or compilation
-    took the time). ``in_step``: written at the signal, while a step still runs (``step_running_s``:
-    how long it had run); otherwise after the step it stopped at."""
+                   held_before: float | None, compile_before: dict[str, float], in_step: bool) -> dict[str, Any]:
+    """The record of a recipe stopped by a signal before its figures: where, the wall time of each
+    step it finished (``step_s``: the untimed ones say whether calibration or compilation took the
+    time) and the compiler's phases finished by then (``compile_phase_s``). ``in_step``: written at
+    the signal, while a step still runs (``step_running_s``: how long it had run); otherwise after
+    the step it stopped at."""
     if trainer is None:
         failed_at, step_s, running = "while building the model", [], None
     else:
@@ -469,7 +479,7 @@ def stopped_record(args: argparse.Namespace, recipe: str, trainer: Trainer | Non
         failed_at = (f"in step {trainer.step + 1} ({_phase(args, trainer.step + 1)})" if in_step
                      else f"after step {trainer.step} ({_phase(args, trainer.step)})")
     return unmeasured_record(args, recipe, "stopped", failed_at, held_before, reason=reason, step_s=step_s,
-                             step_running_s=running)
+                             step_running_s=running, compile_phase_s=compile_seconds_since(compile_before))
 
 
 def summary(record: dict[str, Any]) -> str:
@@ -505,14 +515,16 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         # CUDA: what this process held before the recipe's trainer was built (~0: nothing left
         # of an earlier recipe); None on a CPU
         held_before = torch.cuda.memory_allocated(device) / 2**30 if device.type == "cuda" else None
+        compile_before = compile_seconds()
         if info.is_main:  # at a signal: this recipe's record so far, beside those measured
-            stop.on_request = lambda reason, recipe=recipe, held=held_before: write(
-                [*records, stopped_record(args, recipe, stop.trainer, reason, held, in_step=True)])
+            stop.on_request = lambda reason, recipe=recipe, held=held_before, before=compile_before: write(
+                [*records, stopped_record(args, recipe, stop.trainer, reason, held, before, in_step=True)])
         try:
-            records.append(measure_recipe(args, recipe, info, device, vocab_size, stop, held_before))
+            records.append(measure_recipe(args, recipe, info, device, vocab_size, stop, held_before, compile_before))
         except TrainingStopped as err:
             if info.is_main:  # the step it was in has ended: the record again, with that step
-                write([*records, stopped_record(args, recipe, stop.trainer, err.reason, held_before, in_step=False)])
+                write([*records, stopped_record(args, recipe, stop.trainer, err.reason, held_before, compile_before,
+                                                in_step=False)])
             raise
         except torch.OutOfMemoryError as err:
             if info.world_size > 1:

@@ -5,6 +5,7 @@ import json
 import subprocess
 
 import pytest
+import torch
 
 import adahop.harness.provenance as provenance_module
 from adahop.harness.provenance import ResultsConflict, read_results, write_results
@@ -38,6 +39,24 @@ def test_compile_cache_files_counts_what_each_compiler_cached(tmp_path, monkeypa
     (inductor_dir / "fxgraph").mkdir()
     (inductor_dir / "fxgraph" / "entry").write_text("")
     assert provenance_module.compile_cache_files() == {"triton": 2, "inductor": 1}
+
+
+def test_compile_seconds_since_names_the_phases_of_a_compile_after_a_snapshot():
+    before = provenance_module.compile_seconds()
+    assert provenance_module.compile_seconds_since(before, floor_s=0.0) == {}  # nothing compiled since
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(x):
+        return torch.sin(x) + 1
+
+    f(torch.ones(3))
+    spent = provenance_module.compile_seconds_since(before, floor_s=0.0)
+    assert spent and all(t > 0 for t in spent.values())
+    assert list(spent.values()) == sorted(spent.values(), reverse=True)  # longest first
+    # Dynamo traced the function: its compile phase is among them, and no longer than the whole.
+    assert "_compile.compile_inner" in spent
+    assert spent["_compile.compile_inner"] <= sum(spent.values())
+    assert provenance_module.compile_seconds_since(provenance_module.compile_seconds(), floor_s=0.0) == {}
 
 
 @suffixes

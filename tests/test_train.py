@@ -497,6 +497,7 @@ def test_throughput_sigterm_records_the_recipe_in_progress_at_once_and_after_its
     assert final["failed_at"] == "after step 2 (untimed)" and final["step_running_s"] is None
     assert len(final["step_s"]) == 2 and all(t > 0 for t in final["step_s"]) and "tokens_per_s" not in final
     assert final["config"]["recipe"] == "mxfp4" and final["batch_size"] == bf16["batch_size"]
+    assert final["compile_phase_s"] == {}  # not compiled
 
 
 class Halves:
@@ -662,6 +663,7 @@ def test_throughput_records_mark_the_torchao_peer_and_its_version(profile, tmp_p
     assert [(r["recipe"], r["peer"]) for r in doc["records"]] == [("bf16", None), ("float8-rowwise", "torchao")]
     assert doc["provenance"]["versions"]["torchao"] == torchao.__version__
     assert all(set(r["compile_cache_files"]) == {"triton", "inductor"} for r in doc["records"])
+    assert all(r["compile_phase_s"] == {} for r in doc["records"])  # nothing compiled: no phases
     assert all(r["gpu_busy"] is None and r["fsdp"] is False for r in doc["records"])  # a CPU has no GPU time
     assert doc["provenance"]["config"]["busy_steps"] == 5
 

@@ -123,6 +123,28 @@ def gpu_state() -> dict[str, Any] | None:
     return {"gpus": gpus, "compute_processes": None if apps is None else len(apps)}
 
 
+def compile_seconds() -> dict[str, float]:
+    """Seconds each phase of ``torch.compile`` has taken in this process so far, by torch's own
+    phase names (``torch._dynamo.utils.compilation_time_metrics``: Dynamo's bytecode tracing, the
+    backend's compile, waits on kernel compiles...; which phases exist depends on torch's
+    version); {} where torch keeps none. :func:`compile_seconds_since` gives an interval's."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics
+    except ImportError:
+        return {}
+    return {name: float(sum(times)) for name, times in compilation_time_metrics.items()}
+
+
+def compile_seconds_since(before: dict[str, float], floor_s: float = 0.01) -> dict[str, float]:
+    """The :func:`compile_seconds` spent since ``before`` (an earlier call's), phases of at least
+    ``floor_s``, longest first: where a recipe's startup went, against the untimed steps' wall time
+    (what is not here ran outside the compiler's phases: eager steps, kernel autotuning at a first
+    launch, CUDA-graph recording)."""
+    now = compile_seconds()
+    spent = {name: t - before.get(name, 0.0) for name, t in now.items()}
+    return dict(sorted(((n, t) for n, t in spent.items() if t > 0 and t >= floor_s), key=lambda kv: -kv[1]))
+
+
 def compile_cache_files() -> dict[str, int | None]:
     """Files now in Triton's kernel cache and in Inductor's cache (None where a compiler or its
     folder is missing). A run's startup time (compiling its model and kernels) is comparable
