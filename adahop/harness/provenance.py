@@ -127,7 +127,8 @@ def compile_seconds() -> dict[str, float]:
     """Seconds each phase of ``torch.compile`` has taken in this process so far, by torch's own
     phase names (``torch._dynamo.utils.compilation_time_metrics``: Dynamo's bytecode tracing, the
     backend's compile, waits on kernel compiles...; which phases exist depends on torch's
-    version); {} where torch keeps none. :func:`compile_seconds_since` gives an interval's."""
+    version, and they nest: a phase's seconds include those of the phases it calls, so they do not
+    add up); {} where torch keeps none. :func:`compile_seconds_since` gives an interval's."""
     try:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:
