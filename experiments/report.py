@@ -468,7 +468,7 @@ def layer_profile_section(res: Results) -> list[str]:
 
 
 def measured_by_recipe(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """A throughput file's records by recipe, less those that ran out of memory (no figures)."""
+    """A throughput file's records by recipe, less those with no figures (out of memory, stopped)."""
     return {r["recipe"]: r for r in measured(doc["records"])}
 
 

@@ -10,7 +10,8 @@ process: ``model``, ``world_size``, ``batch_size`` (per rank), ``seq_len``, ``co
 where the file has them, ``peer`` (``torchao`` for torchao's float8 training, the peers of adahop's
 recipes), ``fsdp`` (FSDP2 instead of DDP) and ``gpu_busy`` (its ``busy_fraction``: the share of
 wall time the GPU had work; files without these fields draw as adahop recipes, DDP, and "n/a").
-A record with an ``error`` (a recipe that ran out of memory) has no figures and no bar.
+A record with an ``error`` (a recipe that ran out of memory, or that a signal stopped) has no figures
+and no bar.
 
 Panels, one group of bars per run (file; runs ordered by model size, then GPUs), one bar per
 recipe (bf16 first, then the torchao peers, hatched, then adahop's recipes in the registry's
@@ -140,7 +141,7 @@ def bars(ax, rows: list[Row], value, text, note: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = common.parse_args(__doc__, argv)
     docs = common.load(args.results)
-    # A recipe that ran out of memory has no figures to draw (the report's table names it).
+    # A recipe that ran out of memory or was stopped has no figures to draw (the report's table names it).
     recs = common.records([{**doc, "records": measured(doc["records"])} for doc in docs], REQUIRED)
     rows = layout(docs, recs)
 

@@ -362,7 +362,7 @@ def peak_bf16_flops(device: torch.device) -> float | None:
 
 def measured(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The throughput records that hold figures: all but those of a recipe that ran out of memory
-    (``error``; experiments/pretrain.py writes them)."""
+    or that a signal stopped (``error``; experiments/pretrain.py writes them)."""
     return [r for r in records if "error" not in r]
 
 
