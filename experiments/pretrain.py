@@ -23,7 +23,8 @@ of the profile's ``throughput`` section this way)::
 runs ``--untimed-steps`` (default 40: compilation, warm-up and a recipe's 30 calibration steps)
 and then ``--steps`` timed steps for each recipe in turn, in the same process, so every recipe is
 measured beside its peers; tokens/s, MFU and peak memory cover the timed steps only (``untimed_s``
-says what building the model and the untimed steps took: the compile cost). Recipes are
+says what building the model and the untimed steps took: the compile cost; ``compile_phase_s``, which
+of ``torch.compile``'s phases that time went to). Recipes are
 adahop's and torchao's float8 training (``float8-tensorwise``, ``float8-rowwise``: records say
 ``peer: torchao``, the provenance gives torchao's version; without torchao the run stops before
 measuring anything).
