@@ -358,6 +358,11 @@ def profile_steps(trainer: Trainer, path: Path) -> None:
     print(f"profile: -> {path}")
 
 
+def step_seconds(trainer: Trainer, records: list[dict[str, Any]]) -> list[float]:
+    """The wall time of each step ``records`` (the trainer's, one a step) logged with a speed."""
+    return [trainer.tokens_per_step / r["tokens_per_s"] for r in records if "tokens_per_s" in r]
+
+
 def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: torch.device, vocab_size: int,
                    stop: StopOnSignal, held_before: float | None, compile_before: dict[str, float]) -> dict[str, Any]:
     """Build ``recipe``'s trainer (watched by ``stop``), run its untimed, timed, busy and profiled
@@ -383,7 +388,7 @@ def measure_recipe(args: argparse.Namespace, recipe: str, info: Any, device: tor
         dump_memory_snapshot(args.memory_snapshot, cfg.model, recipe)
     # Where the startup went: each untimed step's wall time (calibrating steps run eagerly, the
     # first fixed step compiles), and the rest, building the model.
-    untimed_step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in untimed if "tokens_per_s" in r]
+    untimed_step_s = step_seconds(trainer, untimed)
     # CUDA: each untimed step's tensor peak; under CUDA graphs the step that records them shows
     # what the graphs' tensors took, against the pool the timed steps start with (memory_at_start).
     untimed_peak = [r["peak_allocated_gib"] for r in untimed if "peak_allocated_gib" in r] or None
@@ -473,7 +478,7 @@ def stopped_record(args: argparse.Namespace, recipe: str, trainer: Trainer | Non
     if trainer is None:
         failed_at, step_s, running = "while building the model", [], None
     else:
-        step_s = [trainer.tokens_per_step / r["tokens_per_s"] for r in trainer.history if "tokens_per_s" in r]
+        step_s = step_seconds(trainer, trainer.history)
         running = None
         if in_step and trainer.step_started_at is not None:
             running = time.perf_counter() - trainer.step_started_at
