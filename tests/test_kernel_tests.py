@@ -2,10 +2,12 @@
 
 import importlib.util
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -94,15 +96,18 @@ def test_node_id_of_a_junit_testcase(attrs, expected):
 
 
 def slow_tests(tmp_path: Path) -> Path:
-    """A test file whose second test outlasts any budget or time limit of these tests."""
+    """A test file whose second test outlasts any budget or time limit of these tests; it leaves
+    ``started`` beside the file when it begins, so test_fast is then done."""
     tests = tmp_path / "test_slow.py"
-    tests.write_text(textwrap.dedent("""
+    tests.write_text(textwrap.dedent(f"""
+        import pathlib
         import time
 
         def test_fast():
             pass
 
         def test_slow():
+            pathlib.Path({str(tmp_path / "started")!r}).touch()
             time.sleep(120)
 
         def test_never():
@@ -116,23 +121,33 @@ def test_a_budget_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
     out = tmp_path / "tests.json"
     # as a batch job starts it: a background job of a non-interactive shell, SIGINT ignored
     done = subprocess.run([sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"), str(tests),
-                           "--budget-s", "10", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
+                           "--budget-s", "45", "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=100, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert done.returncode == 2, done.stdout[-2000:] + done.stderr[-2000:]  # pytest's: interrupted
     doc = json.loads(out.read_text())
     # the test it stopped in is left out (pytest reports it as a nameless testcase), as are those after
     assert [(r["test"].split("::")[-1], r["outcome"]) for r in doc["records"]] == [("test_fast", "passed")]
-    assert doc["provenance"]["pytest_interrupted_after_s"] == 10 and doc["provenance"]["pytest_exit_code"] == 2
+    assert doc["provenance"]["pytest_interrupted_after_s"] == 45 and doc["provenance"]["pytest_exit_code"] == 2
     assert doc["provenance"]["pytest_interrupted_by"] == "budget"
 
 
 def test_a_time_limits_sigterm_interrupts_pytest_and_keeps_the_tests_it_finished(tmp_path):
-    """``timeout`` as a job's time limit: SIGTERM to the stage (and its process group) at 30 s, well after test_fast."""
+    """A job's time limit as ``timeout`` and Slurm deliver it: SIGTERM to the stage and its process
+    group, here once test_slow has begun (a fixed delay would race the start-up of a loaded machine)."""
     tests = slow_tests(tmp_path)
     out = tmp_path / "tests.json"
-    done = subprocess.run(["timeout", "-s", "TERM", "30", sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"),
-                           str(tests), "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=100)
-    assert done.returncode == 124, done.stdout[-2000:] + done.stderr[-2000:]  # timeout's: the limit was hit
+    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "experiments" / "kernel_tests.py"), str(tests), "--out", str(out)],
+                            cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (tmp_path / "started").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "test_slow never began"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=100)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, output[-4000:]  # pytest's: interrupted
     doc = json.loads(out.read_text())
     assert [(r["test"].split("::")[-1], r["outcome"]) for r in doc["records"]] == [("test_fast", "passed")]
     prov = doc["provenance"]
