@@ -53,6 +53,8 @@ request; a SIGTERM after that ends the process at once. With ``--throughput-only
 progress gets a record in the results file at once (``error: stopped``, where, the wall time of each
 step it finished and how long the step in progress had run: a compiling step can outlast a
 scheduler's grace period), written again when that step ends; the script then exits with status 75.
+Where ``--results`` already exists, a throughput run writes beside it (``<name>-partial.json``) until
+its last recipe is recorded, then replaces it: a rerun cut short leaves the earlier file whole.
 
 Settings come from the ``pretrain`` section of the profile: every key that is a field of
 :class:`adahop.harness.train.TrainConfig` is a default, the command line overrides it; ``compile_recipes``
@@ -84,6 +86,7 @@ from adahop.harness.provenance import (
     compile_cache_files,
     compile_seconds,
     compile_seconds_since,
+    partial_path,
     write_results,
 )
 from adahop.harness.train import (
@@ -511,11 +514,19 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     # partial file (same config) while a file of another configuration is refused.
     file_config = {"throughput_only": True, "untimed_steps": args.untimed_steps, "busy_steps": args.busy_steps,
                    "vocab_size": vocab_size, "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
-    if info.is_main:
-        check_replaceable(args.results, file_config)  # before measuring, not after the first recipe
+    # Where a file is already there (an earlier run's), this run writes beside it until its last
+    # recipe is recorded: a rerun cut by a time limit leaves the earlier file whole.
+    target = Path(args.results)
+    progress = partial_path(target) if target.exists() else target
+    if info.is_main:  # before measuring, not after the first recipe
+        check_replaceable(target, file_config)
+        check_replaceable(progress, file_config)
 
-    def write(recs: list[dict[str, Any]]) -> None:
-        write_results(args.results, recs, config=file_config, seed=recs[-1]["config"]["seed"], device=device)
+    def write(recs: list[dict[str, Any]], complete: bool = False) -> None:
+        write_results(target if complete else progress, recs, config=file_config, seed=recs[-1]["config"]["seed"],
+                      device=device)
+        if complete and progress != target:
+            progress.unlink(missing_ok=True)
 
     for recipe in recipes:
         # CUDA: what this process held before the recipe's trainer was built (~0: nothing left
@@ -543,7 +554,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
         if info.is_main:
             print(f"throughput: {recipe}: {summary(records[-1])}")
             # After each recipe: a run cut short keeps what it measured.
-            write(records)
+            write(records, complete=len(records) == len(recipes))
         # The next recipe starts from nothing of this one's: its trainer (weights, gradients,
         # optimizer state: 47 GB at 3b), its compiled graphs and, under CUDA graphs, the graphs'
         # memory pool (which would otherwise stay reserved and count in the next recipe's peak; it

@@ -28,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adahop.harness.provenance import REPO_ROOT, atomic_write_text, read_results  # noqa: E402
+from adahop.harness.provenance import REPO_ROOT, atomic_write_text, partial_path, read_results  # noqa: E402
 from adahop.harness.train import compile_label, measured, peak_is_shared  # noqa: E402
 
 PAPER_REFERENCE = REPO_ROOT / "adahop" / "harness" / "paper_reference.yaml"
@@ -656,9 +656,11 @@ def report(res: Results, profile: str, figures_dir: Path, out: Path) -> str:
 
 def profile_files(profile: str, root: Path = REPO_ROOT) -> list[Path]:
     """Every results file directly under ``results/<stage>/<profile>/`` and its ``profiles/``
-    folder (a ``history/`` folder's predecessors are not read)."""
-    return sorted(p for pattern in ("*.json", "*.json.gz") for folder in ("", f"{PROFILES_DIR}/")
-                  for p in (root / "results").glob(f"*/{profile}/{folder}{pattern}"))
+    folder (a ``history/`` folder's predecessors are not read, nor a cut rerun's partial file
+    beside the complete one it left in place)."""
+    found = {p for pattern in ("*.json", "*.json.gz") for folder in ("", f"{PROFILES_DIR}/")
+             for p in (root / "results").glob(f"*/{profile}/{folder}{pattern}")}
+    return sorted(p for p in found if not any(partial_path(q) == p for q in found))
 
 
 def readme_block(res: Results) -> str:

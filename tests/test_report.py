@@ -96,6 +96,15 @@ def test_history_files_are_not_read(tmp_path):
     assert report.profile_files("gpu", tmp_path) == [tmp_path / "results" / "memory" / "gpu" / "memory.json"]
 
 
+def test_a_partial_file_is_read_only_where_no_complete_file_is_beside_it(tmp_path):
+    from adahop.harness.provenance import write_results
+
+    folder = tmp_path / "results" / "throughput" / "gpu"
+    for name in ("3b.json", "3b-partial.json", "1b-partial.json"):
+        write_results(folder / name, [{"what": "run"}])
+    assert report.profile_files("gpu", tmp_path) == [folder / "1b-partial.json", folder / "3b.json"]
+
+
 def test_a_profile_without_results_gives_a_report_that_says_so(tmp_path):
     text = report.report(report.Results([], root=tmp_path), "empty", tmp_path, tmp_path / "docs" / "RESULTS.md")
     assert "No quality table in this profile's results." in text and "No memory results in this profile." in text

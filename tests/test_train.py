@@ -407,12 +407,21 @@ def test_cli_throughput_only(profile, tmp_path, monkeypatch):
     assert record["untimed_peak_allocated_gib"] is None
     assert record["config"]["steps"] == 2 + 3 + script.PROFILE_STEPS
     assert "training steps" in (tmp_path / "prof" / "profile_tiny_bf16.txt").read_text()
-    # The same command again completes and replaces its own file; another configuration is refused.
+    # The same command again completes and replaces that file; another configuration is refused.
     monkeypatch.setattr(script, "Trainer", real)
     script.main([*args, "--recipe", "bf16,mxfp4"])
     assert [r["recipe"] for r in read_results(results)["records"]] == ["bf16", "mxfp4"]
+    assert not (tmp_path / "throughput-partial.json").exists()
     with pytest.raises(ResultsConflict):
         script.main([*args, "--recipe", "bf16"])
+    # A rerun cut short leaves the complete file as it was and writes what it measured beside it.
+    complete = results.read_text()
+    calls.clear()
+    monkeypatch.setattr(script, "Trainer", cut_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        script.main([*args, "--recipe", "bf16,mxfp4"])
+    assert results.read_text() == complete
+    assert [r["recipe"] for r in read_results(tmp_path / "throughput-partial.json")["records"]] == ["bf16"]
 
 
 def test_throughput_builds_each_recipe_after_the_last_is_freed(profile, tmp_path, monkeypatch):

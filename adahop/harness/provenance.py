@@ -349,6 +349,14 @@ def keep_predecessor(path: str | os.PathLike, commit: str | None, date: str | No
     return kept
 
 
+def partial_path(path: str | os.PathLike) -> Path:
+    """Where a run that may be cut writes beside an existing results file ``path`` until it is
+    complete: ``<name>-partial<suffix>``, so that a cut rerun never replaces a complete file."""
+    path = Path(path)
+    stem, suffix = _stem_and_suffix(path)
+    return path.with_name(f"{stem}-partial{suffix}")
+
+
 def write_results(
     path: str | os.PathLike,
     records: Iterable[dict[str, Any]],
@@ -436,8 +444,7 @@ def write_measured(path: str | os.PathLike, records: list[dict[str, Any]], inter
     if not records:
         return None
     if path.exists():
-        stem, suffix = _stem_and_suffix(path)
-        path = path.with_name(f"{stem}-partial{suffix}")
+        path = partial_path(path)
     done = {r[key] for r in records}
     extra = {**(kwargs.pop("extra_provenance", None) or {}), "interrupted_by": interrupted,
              "not_measured": [name for name in planned if name not in done]}
