@@ -481,7 +481,7 @@ def throughput_section(res: Results) -> list[str]:
             recipe = r["recipe"]
             mode = f"{r['model']}, {compile_label(r.get('compile'), r.get('compile_mode'))}, {r.get('world_size', 1)} GPU(s), batch {r.get('batch_size')}"
             if "error" in r:
-                rows.append([name, mode, recipe, f"{r['error']} {r['failed_at']}", "—", "—", "—",
+                rows.append([name, mode, recipe, f"{r['error']} {r['failed_at']}", "—", "—", "—", "—",
                              short(doc["provenance"].get("git_commit"))])
                 continue
             peak = "n/a" if r.get("peak_mem_gib") is None else f"{r['peak_mem_gib']:.1f} GiB"
@@ -490,16 +490,22 @@ def throughput_section(res: Results) -> list[str]:
             rows.append([name, mode, recipe, f"{r['tokens_per_s'] / 1e3:.1f}k",
                          "—" if base is None or recipe == "bf16" else times(r["tokens_per_s"] / base["tokens_per_s"]),
                          "n/a" if r.get("mfu") is None else f"{r['mfu']:.1%}", peak,
+                         "—" if r.get("untimed_s") is None else f"{r['untimed_s']:.0f} s",
                          short(doc["provenance"].get("git_commit"))])
     if not rows:
         return ["No throughput results in this profile."]
     notes = ["", "Random tokens, every recipe of a file timed in one process after its untimed warm-up steps. "
-             "Peak memory: the bytes allocated on rank 0, or under CUDA graphs the bytes reserved (the graphs' pools)."]
+             "Peak memory: the bytes allocated on rank 0, or under CUDA graphs the bytes reserved (the graphs' pools). "
+             "Startup: the wall time of those untimed steps (compiling the model and its kernels, a policy "
+             "recipe's calibration steps and its recompile after them, warm-up), what a run waits before its "
+             "first timed step; each record's `compile_cache_files` says how warm the compilers' caches were "
+             "(files older than that field have none; — where the file has no such time)."]
     if shared:
         notes += ["", "† Measured while an earlier recipe's CUDA-graph pool in the same process was still reserved "
                   "(before the throughput stage reset torch.compile between recipes): an upper bound on this "
                   "recipe's own peak."]
-    return table(["file", "model, mode", "recipe", "tokens/s", "÷ bf16", "MFU", "peak memory", "commit"], rows) + [
+    return table(["file", "model, mode", "recipe", "tokens/s", "÷ bf16", "MFU", "peak memory", "startup", "commit"],
+                 rows) + [
         *notes, "", source(*docs)]
 
 

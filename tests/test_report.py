@@ -155,7 +155,7 @@ def test_a_recipe_out_of_memory_is_a_row_that_says_where_and_no_ratio(tmp_path):
     throughput.write_text(json.dumps(doc))
     res = report.Results(report.profile_files("gpu", root), root=root)
     rows = [line for line in report.throughput_section(res) if line.startswith("| 125m_eager ")]
-    assert "| adahop | out of memory in step 2 (untimed) | — | — | — |" in next(r for r in rows if "| adahop |" in r)
+    assert "| adahop | out of memory in step 2 (untimed) | — | — | — | — |" in next(r for r in rows if "| adahop |" in r)
     e2e = next(line for line in report.readme_block(res).splitlines() if line.startswith("| end to end"))
     ratios = e2e.split(" | ")[3].split("; ")
     assert "1b_compile" in e2e and not any(r.startswith("125m_eager ") for r in ratios)  # no adahop to divide
@@ -208,3 +208,20 @@ def test_committed_report_tabulates_the_layer_profiles():
     text = (ROOT / "docs" / "RESULTS.md").read_text()
     res = report.Results(COMMITTED)
     assert res.stage("layer_bench/profiles") and "\n".join(report.layer_profile_section(res)) in text
+
+
+def test_throughput_rows_give_each_recipe_its_startup():
+    res = report.Results(COMMITTED)
+    rows = report.throughput_section(res)
+    checked = 0
+    for path in COMMITTED:
+        if path.parent != ROOT / "results" / "throughput" / "gpu":  # the stage's files, not its profiles
+            continue
+        for r in json.loads(path.read_text())["records"]:
+            if "error" in r:
+                continue
+            cell = "—" if r.get("untimed_s") is None else f"{r['untimed_s']:.0f} s"
+            row = next(line for line in rows if line.startswith(f"| {path.stem} |") and f"| {r['recipe']} |" in line)
+            assert row.split(" | ")[-2] == cell, row
+            checked += cell != "—"
+    assert checked > 0
