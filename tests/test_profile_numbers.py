@@ -239,6 +239,38 @@ def test_design_3b_step_breakdown_is_the_profiles_and_the_throughput_file():
     assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
 
 
+def test_design_allocator_figures_are_the_throughput_files():
+    gpu = ROOT / "results" / "throughput" / "gpu"
+
+    def pools(name: str) -> dict[str, tuple[dict, dict, dict]]:
+        """recipe -> (record, its default pool, its graphs' pool) at the timed steps' start"""
+        out = {}
+        for r in json.loads((gpu / name).read_text())["records"]:
+            by = {p["pool"]: p for p in r["allocator_at_start"]["pools"]}
+            out[r["recipe"]] = (r, by.pop("(0, 0)"), next(iter(by.values())))
+        return out
+
+    b3, b1 = pools("3b_cudagraphs_h100.json"), pools("1b_cudagraphs_h100.json")
+    (ada, ada_main, ada_graphs), (bf, bf_main, bf_graphs) = b3["adahop"], b3["bf16"]
+    fixed = ada["memory_at_start"]["allocated_gib"]
+    assert abs(fixed - bf["memory_at_start"]["allocated_gib"]) < 0.01  # weights and moments: the same in both
+    without = ada["peak_mem_gib"] - ada_main["inactive_gib"]
+    left = 0.8 * bf["peak_mem_gib"] - fixed * 4 / 3
+    texts = [
+        f"adahop's graphs' pool held {ada_graphs['reserved_gib']:.2f} GiB against bf16's {bf_graphs['reserved_gib']:.2f}",
+        f"its default pool held {ada_main['reserved_gib']:.2f} GiB, {ada_main['inactive_gib']:.2f} of them free fragments "
+        f"(the largest {ada_main['largest_inactive_gib']:.2f} GiB), where bf16's held {bf_main['reserved_gib']:.2f} GiB "
+        f"with {bf_main['inactive_gib']:.2f} free",
+        f"at 1b, {b1['adahop'][1]['inactive_gib']:.2f} against {b1['bf16'][1]['inactive_gib']:.2f} GiB free",
+        f"would be about {without:.2f} GiB, {without / bf['peak_mem_gib']:.2f}× bf16's",
+        f"weights and AdamW's moments take {fixed:.2f} GiB",
+        f"0.8× of bf16's {bf['peak_mem_gib']:.2f} GiB leaves about {left:.1f} GiB for everything else against bf16's "
+        f"{bf['peak_mem_gib'] - fixed * 4 / 3:.1f}",
+    ]
+    for text in texts:
+        assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+
 def test_design_layer_profile_figures_are_the_profile_files():
     """DESIGN §6's account of where the IHT layer's time goes quotes results/layer_bench/gpu/profiles/."""
     folder = ROOT / "results" / "layer_bench" / "gpu" / "profiles"

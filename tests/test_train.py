@@ -29,6 +29,7 @@ from adahop.harness.train import (
     Trainer,
     TrainingStopped,
     WarmupCosine,
+    allocate_optimizer_state,
     corpus_batches,
     step_times,
     summarize,
@@ -64,6 +65,57 @@ def make_trainer(corpus, out_dir, **overrides) -> Trainer:
 def losses(run_dir: Path) -> dict[int, float]:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {r["step"]: r["loss"] for r in rows if "loss" in r and "event" not in r}
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_optimizer_state_made_before_the_first_step_trains_bit_for_bit_as_made_in_it(fused):
+    def model_and_optimizer():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.LayerNorm(8))
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        return model, torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                                        lr=1e-2, fused=fused)
+
+    early, early_opt = model_and_optimizer()
+    before = [p.detach().clone() for p in early.parameters()]
+    allocate_optimizer_state(early_opt)
+    assert all(torch.equal(p, b) for p, b in zip(early.parameters(), before)) and all(p.grad is None for p in early.parameters())
+    assert [g["lr"] for g in early_opt.param_groups] == [1e-2, 1e-2]
+    for state in early_opt.state.values():
+        assert float(state["step"]) == 0 and not state["exp_avg"].any() and not state["exp_avg_sq"].any()
+    lazy, lazy_opt = model_and_optimizer()
+    for model, opt in ((early, early_opt), (lazy, lazy_opt)):
+        for step in range(3):
+            opt.zero_grad(set_to_none=True)
+            model(torch.randn(4, 16, generator=torch.Generator().manual_seed(step))).square().sum().backward()
+            opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(early.parameters(), lazy.parameters()))
+    for a, b in zip(early_opt.state.values(), lazy_opt.state.values()):
+        assert all(torch.equal(a[k], b[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+    allocate_optimizer_state(early_opt)  # the state exists: nothing happens
+    assert all(float(state["step"]) == 3 for state in early_opt.state.values())
+
+
+def test_optimizer_state_cannot_be_made_over_gradients():
+    model = torch.nn.Linear(4, 4)
+    model(torch.ones(1, 4)).sum().backward()
+    with pytest.raises(ValueError, match="already hold gradients"):
+        allocate_optimizer_state(torch.optim.AdamW(model.parameters()))
+
+
+def test_the_trainer_makes_its_optimizer_state_up_front_and_trains_as_without(corpus, tmp_path, monkeypatch):
+    up_front = make_trainer(corpus, tmp_path / "up_front", steps=4)
+    assert len(up_front.optimizer.state) == len(list(up_front.model.parameters()))
+    up_front.run()
+    import adahop.harness.train as train_module
+
+    monkeypatch.setattr(train_module, "allocate_optimizer_state", lambda optimizer: None)
+    lazy = make_trainer(corpus, tmp_path / "lazy", steps=4)
+    assert not lazy.optimizer.state
+    lazy.run()
+    assert losses(tmp_path / "up_front") == losses(tmp_path / "lazy")
+    assert all(torch.equal(a, b) for a, b in zip(up_front.model.state_dict().values(), lazy.model.state_dict().values()))
 
 
 class StepHook:

@@ -13,7 +13,8 @@ What a run does, step by step (one optimizer step = ``grad_accum`` micro-batches
 3. the loss (mean over ranks) and the gradient norm are checked: a non-finite value stops the
    run with :class:`NonFiniteLossError` *before* the update, so the last checkpoint stays good;
    its message and the logged ``non-finite`` event say which of the two was not finite;
-4. clip, AdamW step (fused on CUDA), warmup + cosine LR, then ``adahop.on_optimizer_step(model)``
+4. clip, AdamW step (fused on CUDA; its state made before the first step,
+   :func:`allocate_optimizer_state`), warmup + cosine LR, then ``adahop.on_optimizer_step(model)``
    (which advances a recipe's calibration);
 5. every ``eval_interval`` steps the held-out loss; every ``checkpoint_interval`` steps an atomic
    checkpoint (model with the layers' extra state = calibrated strategies, optimizer, scheduler,
@@ -422,6 +423,45 @@ def allocator_summary(snapshot: dict[str, Any]) -> dict[str, Any]:
             "pools": [{"pool": name, **gib(p)} for name, p in sorted(pools.items(), key=lambda kv: -kv[1]["reserved"])]}
 
 
+def allocate_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create ``optimizer``'s per-parameter state now, as its first step would, with the
+    parameters and all later steps bit for bit the same.
+
+    Why: the first step would allocate the state (AdamW's two moments, twice the weights' bytes)
+    into blocks that the step's activations and gradients had just freed, splitting them. Once
+    compiled steps keep activations and gradients in the CUDA graphs' pool, the remainders stay
+    free in the default pool, where ``torch.cuda.empty_cache`` cannot return them (it returns whole
+    free segments only), and count in the run's reserved peak (DESIGN §6). Made before any
+    activation, the state gets segments of its own.
+
+    How: one step with zero gradients and a zero learning rate (AdamW's moments stay zero, and its
+    decay and update, both scaled by the rate, leave the parameters as they are), then each
+    state's step count back to zero, as a fresh state has it. A no-op where the state exists."""
+    if optimizer.state:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"] if p.requires_grad]
+    if any(p.grad is not None for p in params):
+        raise ValueError("allocate_optimizer_state: the parameters already hold gradients; call it before the first "
+                         "backward")
+    rates = [group["lr"] for group in optimizer.param_groups]
+    try:
+        for group in optimizer.param_groups:
+            group["lr"] = 0.0
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        optimizer.step()
+    finally:
+        for group, rate in zip(optimizer.param_groups, rates):
+            group["lr"] = rate
+        for p in params:
+            p.grad = None
+    for state in optimizer.state.values():
+        if torch.is_tensor(state.get("step")):
+            state["step"].zero_()
+        elif "step" in state:
+            state["step"] = 0
+
+
 def rng_state() -> dict[str, Any]:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
@@ -548,6 +588,7 @@ class Trainer:
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=self.device.type == "cuda",
         )
+        allocate_optimizer_state(self.optimizer)  # before any activation: no fragments around it
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, WarmupCosine(cfg.warmup_steps, self.total_steps, cfg.min_lr_ratio)
         )
