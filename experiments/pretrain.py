@@ -511,7 +511,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     vocab_size = read_vocab_size(args.data) if args.data else (args.vocab_size or REFERENCE_VOCAB)
     records: list[dict[str, Any]] = []
     # One file config for the whole command, so the write after each recipe replaces this run's own
-    # partial file (same config) while a file of another configuration is refused.
+    # earlier write (same config) while a file of another configuration is refused.
     file_config = {"throughput_only": True, "untimed_steps": args.untimed_steps, "busy_steps": args.busy_steps,
                    "vocab_size": vocab_size, "recipes": recipes, "base": dataclasses.asdict(resolve_config(args))}
     # Where a file is already there (an earlier run's), this run writes beside it until its last

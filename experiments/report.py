@@ -498,8 +498,8 @@ def throughput_section(res: Results) -> list[str]:
              "Peak memory: the bytes allocated on rank 0, or under CUDA graphs the bytes reserved (the graphs' pools). "
              "Startup: the wall time of those untimed steps (compiling the model and its kernels, a policy "
              "recipe's calibration steps and its recompile after them, warm-up), what a run waits before its "
-             "first timed step; each record's `compile_cache_files` says how warm the compilers' caches were "
-             "(files older than that field have none; — where the file has no such time)."]
+             "first timed step (— where a file has none); how warm the compilers' caches were then is each "
+             "record's `compile_cache_files`, where the file has that field."]
     if shared:
         notes += ["", "† Measured while an earlier recipe's CUDA-graph pool in the same process was still reserved "
                   "(before the throughput stage reset torch.compile between recipes): an upper bound on this "
