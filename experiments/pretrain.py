@@ -520,7 +520,8 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
     progress = partial_path(target) if target.exists() else target
     if info.is_main:  # before measuring, not after the first recipe
         check_replaceable(target, file_config)
-        check_replaceable(progress, file_config)
+        if progress != target:
+            check_replaceable(progress, file_config)
 
     def write(recs: list[dict[str, Any]], complete: bool = False) -> None:
         write_results(target if complete else progress, recs, config=file_config, seed=recs[-1]["config"]["seed"],
@@ -542,6 +543,7 @@ def run_throughput(args: argparse.Namespace, stop: StopOnSignal) -> None:
             if info.is_main:  # the step it was in has ended: the record again, with that step
                 write([*records, stopped_record(args, recipe, stop.trainer, err.reason, held_before, compile_before,
                                                 in_step=False)])
+                print(f"pretrain: {progress} holds the recipes measured and where {recipe} stopped", file=sys.stderr)
             raise
         except torch.OutOfMemoryError as err:
             if info.world_size > 1:
@@ -575,8 +577,8 @@ def main(argv: list[str] | None = None) -> int:
         (run_throughput if args.throughput_only else run_training)(args, stop)
     except TrainingStopped as err:
         if args.throughput_only:  # nothing to resume: the same command measures again
-            print(f"pretrain: throughput stopped after step {err.step} ({err.reason}); {args.results} holds the "
-                  "recipes measured and where this one stopped", file=sys.stderr)
+            print(f"pretrain: throughput stopped after step {err.step} ({err.reason}); the same command measures "
+                  "again", file=sys.stderr)
         else:
             print(f"pretrain: {err}; the same command resumes there", file=sys.stderr)
         return EXIT_STOPPED

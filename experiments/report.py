@@ -666,7 +666,7 @@ def profile_files(profile: str, root: Path = REPO_ROOT) -> list[Path]:
     beside the complete one it left in place)."""
     found = {p for pattern in ("*.json", "*.json.gz") for folder in ("", f"{PROFILES_DIR}/")
              for p in (root / "results").glob(f"*/{profile}/{folder}{pattern}")}
-    return sorted(p for p in found if not any(partial_path(q) == p for q in found))
+    return sorted(found - {partial_path(p) for p in found})
 
 
 def readme_block(res: Results) -> str:

@@ -525,7 +525,7 @@ def test_throughput_records_a_recipe_out_of_memory_and_measures_the_next(profile
 
 
 def test_throughput_sigterm_records_the_recipe_in_progress_at_once_and_after_its_step(profile, tmp_path,
-                                                                                      monkeypatch):
+                                                                                      monkeypatch, capsys):
     # A compiling step can outlast a scheduler's grace period (Slurm's KillWait): the record of
     # where the recipe stood is written at the signal, before the step ends, then again after it.
     script = load_script()
@@ -548,6 +548,7 @@ def test_throughput_sigterm_records_the_recipe_in_progress_at_once_and_after_its
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert status == script.EXIT_STOPPED
+    assert f"{results} holds the recipes measured and where mxfp4 stopped" in capsys.readouterr().err
     [[bf16, early]] = seen_mid_step
     assert bf16["recipe"] == "bf16" and bf16["tokens_per_s"] > 0
     assert early["recipe"] == "mxfp4" and early["error"] == "stopped" and early["reason"] == "signal SIGTERM"
