@@ -55,26 +55,60 @@ def kernel_config_choice() -> int | None:
     return int(value)
 
 
-def fitting_configs(fits=None, kernel=None):
+def fitting_configs(fits=None, kernel=None, tuner=None):
     """The autotuner's ``prune_configs_by``: the configs ``fits(config, launch kwargs)`` keeps (all
     without ``fits``), narrowed to one by :func:`kernel_config_choice`. With ``kernel`` (the autotuned
     ``triton.jit`` function), a new autotune key compiles the kept configs in parallel first
-    (:func:`precompile`)."""
+    (:func:`precompile`). With ``tuner`` (a one-item list that will hold the autotuner), a launch
+    traced by ``torch.compile`` keeps only the config the autotuner picked for the same key in an
+    eager launch (:func:`eager_pick`), where it made one."""
 
     def early_config_prune(configs, nargs, **kwargs):
         kept = [c for c in configs if fits is None or fits(c, kwargs)]
         choice = kernel_config_choice()
         kept = kept if choice is None or not kept else [kept[choice % len(kept)]]
-        if kernel is not None and len(kept) > 1 and not INTERPRETED:
+        if tuner and len(kept) > 1:
+            picked = eager_pick(tuner[0], {**nargs, **kwargs})
+            kept = [picked] if picked is not None and picked in kept else kept
+        if kernel is not None and len(kept) > 1 and not INTERPRETED and not _traced({**nargs, **kwargs}):
             precompile(kernel, kept, {**nargs, **kwargs})
         return kept
 
     return {"early_config_prune": early_config_prune}
 
 
+def _traced(args: dict) -> bool:
+    """Whether a launch's tensors are ``torch.compile``'s stand-ins (fake or meta), not data."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return any(isinstance(v, FakeTensor) or (isinstance(v, torch.Tensor) and v.is_meta) for v in args.values())
+
+
+def eager_pick(tuner, args: dict):
+    """The config ``tuner`` (a ``triton.autotune`` Autotuner) picked in an eager launch with the
+    same autotune key as a launch with ``args``, for a launch traced by ``torch.compile``; None for
+    an eager launch, or where no eager launch had that key.
+
+    Inductor compiles a traced launch's every config and times them again in the compiled code,
+    each launch shape on its own: at model scale that took minutes per recompile. The eager
+    launches (a model's calibration steps, or its first step) have timed the same configs on the
+    same shapes already. The key is the autotuner's own: the key arguments' values, then every
+    tensor argument's dtype in argument order (``triton.runtime.autotuner.Autotuner.run``)."""
+    if tuner is None or not _traced(args):
+        return None
+    named = {k: v for k, v in args.items() if k in tuner.arg_names}
+    key = [named[k] for k in tuner.keys if k in named]
+    key += [str(v.dtype) for v in named.values() if hasattr(v, "dtype")]
+    return tuner.cache.get(tuple(key))
+
+
 def autotune(kernel, configs: list, key: list[str], fits=None):
-    """``triton.autotune`` of ``kernel`` over ``configs`` with :func:`fitting_configs`."""
-    return triton.autotune(configs, key=key, prune_configs_by=fitting_configs(fits, kernel))(kernel)
+    """``triton.autotune`` of ``kernel`` over ``configs`` with :func:`fitting_configs`; a launch
+    traced by ``torch.compile`` takes the config an eager launch picked (:func:`eager_pick`)."""
+    tuner: list = []
+    tuned = triton.autotune(configs, key=key, prune_configs_by=fitting_configs(fits, kernel, tuner))(kernel)
+    tuner.append(tuned)
+    return tuned
 
 
 PARALLEL_COMPILE_ENV = "ADAHOP_COMPILE_THREADS"

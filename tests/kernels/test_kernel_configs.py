@@ -199,3 +199,48 @@ def test_every_config_matches_the_reference(monkeypatch):
         for i in _each_config(tuner, monkeypatch):
             fp8, scale = fr.fp8_reencode(t, layout)
             assert torch.equal(_u8(fp8), _u8(fp8_ref)) and torch.equal(scale.cpu(), scale_ref), (layout, i)
+
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _scale_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 2, mask=offs < n)
+
+
+def _scale_tuner():
+    configs = [triton.Config({"BLOCK": b}) for b in (16, 32, 64)]
+    return common.autotune(_scale_kernel, configs, key=["n"])
+
+
+def _launch(tuner, x):
+    out = torch.empty_like(x)
+    tuner[lambda meta: (triton.cdiv(x.numel(), meta["BLOCK"]),)](x, out, x.numel())
+    return out
+
+
+def test_a_traced_launch_takes_the_config_an_eager_launch_picked(monkeypatch):
+    """``torch.compile`` traces a launch with fake tensors; the autotuner's eager pick for the same
+    key (Triton's own cache, filled by an eager launch) is then the one config Inductor compiles."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    tuner = _scale_tuner()
+    x = torch.arange(64, dtype=torch.float32)
+    monkeypatch.setenv(KERNEL_CONFIG_ENV, "1")  # the eager launch "picks" the second config, no timing
+    assert torch.equal(_launch(tuner, x), x * 2)
+    assert list(tuner.cache.values()) == [tuner.configs[1]]
+    monkeypatch.delenv(KERNEL_CONFIG_ENV)
+    prune = tuner.early_config_prune
+    mode = FakeTensorMode()
+    fake, half = mode.from_tensor(x), mode.from_tensor(x.half())
+    with mode:
+        assert prune(tuner.configs, {"x_ptr": fake, "out_ptr": fake, "n": 64}) == [tuner.configs[1]]
+        # Another key (no eager launch had it), or another dtype: every config, as before.
+        assert prune(tuner.configs, {"x_ptr": fake, "out_ptr": fake, "n": 32}) == tuner.configs
+        assert prune(tuner.configs, {"x_ptr": half, "out_ptr": half, "n": 64}) == tuner.configs
+    # An eager launch's own pruning is untouched by the cache: the autotuner times every config.
+    assert prune(tuner.configs, {"x_ptr": x, "out_ptr": x, "n": 64}) == tuner.configs
+    assert common.eager_pick(tuner, {"x_ptr": x, "out_ptr": x, "n": 64}) is None
