@@ -268,9 +268,15 @@ def _quantize_launched(*args):
     x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend = args
     if not _gpu_kernels(x, backend):
         return torch.ops.adahop.quantize(*args)
+    tune_before_tracing(_quantize_eager, args)
     outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
                             hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
     return tuple(_kernel_outputs(x, outs[0]) + _kernel_outputs(x, outs[1]))
+
+
+def _quantize_eager(x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend):
+    _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m), hadamard_size,
+                     rounding, nan_policy)
 
 
 _quantize_launched.__signature__ = quantize.__signature__ = inspect.signature(_quantize)
@@ -340,7 +346,48 @@ def _fp8_encode_launched(codes: torch.Tensor, scales: torch.Tensor, layout: str,
         return torch.ops.adahop.fp8_encode(codes, scales, layout, backend)
     from adahop_kernels.fp8_reencode import fp8_reencode
 
+    tune_before_tracing(lambda c, s, lay: fp8_reencode(MXFP4Tensor(c, s), lay), (codes, scales, layout))
     return fp8_reencode(MXFP4Tensor(codes, scales), layout, launch=torch.library.wrap_triton)
+
+
+_TUNED: set = set()
+
+
+def tune_before_tracing(run, args) -> None:
+    """Where ``torch.compile`` traces a ``*_launched`` twin (its tensors fake), run the eager kernels
+    once on real stand-ins of the same shapes, dtypes and arguments first: Triton's autotuner then
+    times the configs for the launch's key, and the traced launch keeps only its pick
+    (``adahop_kernels._common.eager_pick``), so Inductor compiles one config per launch and times
+    none. Left to Inductor, every config of every launch shape is compiled and timed again in each
+    compiled graph. Once per distinct call; a stand-in that cannot be made (a fake device, no
+    memory) leaves the choice to Inductor, as before."""
+    from torch._guards import detect_fake_mode
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if detect_fake_mode(tensors) is None:
+        return
+    key = (run.__code__, *((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
+                           else a for a in args))
+    if key in _TUNED:
+        return
+    _TUNED.add(key)
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            run(*(_stand_in(a) if isinstance(a, torch.Tensor) else a for a in args))
+    except (RuntimeError, ValueError, torch.OutOfMemoryError):
+        pass
+
+
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
+    """A real tensor laid out like ``t`` (fake), with data a launch can time: normal values, E8M0
+    scales and E2M1 code bytes of finite values, zero seeds."""
+    out = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+    if out.dtype == torch.uint8:
+        return out.random_(118, 136)
+    if out.dtype.is_floating_point:
+        return out.copy_(torch.randn(out.shape, device=out.device)) if out.dtype.itemsize == 1 else out.normal_()
+    return out.zero_()
 
 
 @_fp8_encode.register_fake

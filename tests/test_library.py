@@ -317,6 +317,37 @@ def test_launched_twins_pass_opcheck_and_answer_as_the_operators_off_a_gpu():
     torch.library.opcheck(torch.ops.adahop.fp8_encode_launched.default, (codes, scales, "tile128", "reference"))
 
 
+def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(monkeypatch):
+    """``tune_before_tracing``: under ``torch.compile``'s fake tensors, the eager kernels run once per
+    distinct call on real tensors of the same layout (so that Triton's autotuner has picked the
+    config the traced launch then keeps); an eager call, or a repeated one, runs nothing."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(library, "_TUNED", set())
+    calls = []
+
+    def run(x, codes, seed, flags):
+        calls.append((type(x), tuple(x.shape), x.stride(), x.dtype, bool(torch.isfinite(x.float()).all()),
+                      int(codes.min()) >= 118 and int(codes.max()) < 136, int(seed), flags))
+
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.empty(8, 4, dtype=torch.bfloat16).t())
+    codes, seed_t = mode.from_tensor(torch.empty(4, 2, dtype=torch.uint8)), mode.from_tensor(torch.ones((), dtype=torch.int64))
+    with mode:
+        for flags in ("hadamard", "hadamard", "packed"):
+            library.tune_before_tracing(run, (x, codes, seed_t, flags))
+    assert calls == [(torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "hadamard"),
+                     (torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "packed")]
+    library.tune_before_tracing(run, (torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.uint8), torch.zeros(()), "x"))
+    assert len(calls) == 2
+
+    def fails(*args):
+        raise RuntimeError("no such device")
+
+    with mode:  # a stand-in that cannot run leaves the choice to Inductor
+        library.tune_before_tracing(fails, (x, codes, seed_t, "hadamard"))
+
+
 def test_quantize_refuses_the_wrong_number_of_arguments():
     with pytest.raises(TypeError, match="10 arguments"):
         library.quantize(torch.randn(64, 64), None, None, None, "packed", "", 32, "rne", "propagate")
@@ -351,6 +382,24 @@ def test_launched_quantize_compiled_equals_the_operator_bit_for_bit(monkeypatch,
     for i, (got, want) in enumerate(zip(compiled, eager)):
         assert got.shape == want.shape and got.stride() == want.stride(), f"output {i}: layout differs"
         assert bitwise_equal(got, want), f"output {i} differs"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_inductor_compiles_the_one_config_the_eager_autotuner_picked(monkeypatch):
+    """A launched quantize under ``torch.compile``: each kernel in the generated code has one config
+    (Triton's eager pick for its key, ``library.tune_before_tracing``), not every config to time."""
+    from torch._inductor.utils import run_and_get_code
+
+    monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "1")
+    monkeypatch.delenv("ADAHOP_KERNEL_CONFIG", raising=False)  # the autotuner's own choice
+    x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    args = (None, None, seed("cuda"), "hadamard,fp8=seg128", "hadamard,packed", 32, "rne", "propagate", "triton")
+    torch._dynamo.reset()
+    _, sources = run_and_get_code(torch.compile(lambda t: library.quantize(t, *args), fullgraph=True), x)
+    heads = [part.split("triton_meta")[0] for src in sources for part in src.split("user_autotune(")[1:]]
+    assert heads, "no user-defined kernel in the generated code"
+    assert all(head.count("kwargs") == 1 for head in heads), heads
 
 
 @pytest.mark.gpu
