@@ -361,11 +361,11 @@ def tune_before_tracing(run, args) -> None:
     none. Left to Inductor, every config of every launch shape is compiled and timed again in each
     compiled graph. Once per distinct call; a stand-in that cannot be made (a fake device, no
     memory) leaves the choice to Inductor, as before."""
-    from torch._guards import detect_fake_mode
     from torch.utils._python_dispatch import _disable_current_modes
 
-    tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if detect_fake_mode(tensors) is None:
+    from adahop_kernels._common import traced
+
+    if not traced([a for a in args if isinstance(a, torch.Tensor)]):
         return
     key = (run.__code__, *((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
                            else a for a in args))

@@ -78,10 +78,17 @@ def fitting_configs(fits=None, kernel=None, tuner=None):
 
 
 def _traced(args: dict) -> bool:
-    """Whether a launch's tensors are ``torch.compile``'s stand-ins (fake or meta), not data."""
-    from torch._subclasses.fake_tensor import FakeTensor
+    """Whether a launch is traced by ``torch.compile`` (its tensors fake, or functional ones over
+    fake ones, under a fake mode), not run on data."""
+    return traced([v for v in args.values() if isinstance(v, torch.Tensor)])
 
-    return any(isinstance(v, FakeTensor) or (isinstance(v, torch.Tensor) and v.is_meta) for v in args.values())
+
+def traced(tensors: list) -> bool:
+    """Whether ``tensors`` are traced: ``torch.compile``'s tracing context or an active fake mode
+    holds them, or one of them is fake."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(tensors) is not None
 
 
 def eager_pick(tuner, args: dict):
