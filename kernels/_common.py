@@ -84,11 +84,13 @@ def _traced(args: dict) -> bool:
 
 
 def traced(tensors: list) -> bool:
-    """Whether ``tensors`` are traced: ``torch.compile``'s tracing context or an active fake mode
-    holds them, or one of them is fake."""
-    from torch._guards import detect_fake_mode
+    """Whether ``tensors`` are ``torch.compile``'s stand-ins: fake (Dynamo), functional over fake
+    (AOT's trace of a ``triton_op``) or meta. Real tensors are not, even inside a trace (the
+    stand-ins of ``adahop.library.tune_before_tracing``)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
 
-    return detect_fake_mode(tensors) is not None
+    return any(isinstance(t, (FakeTensor, FunctionalTensor)) or t.is_meta for t in tensors)
 
 
 def eager_pick(tuner, args: dict):

@@ -397,9 +397,9 @@ def test_inductor_compiles_the_one_config_the_eager_autotuner_picked(monkeypatch
     args = (None, None, seed("cuda"), "hadamard,fp8=seg128", "hadamard,packed", 32, "rne", "propagate", "triton")
     torch._dynamo.reset()
     _, sources = run_and_get_code(torch.compile(lambda t: library.quantize(t, *args), fullgraph=True), x)
-    heads = [part.split("triton_meta")[0] for src in sources for part in src.split("user_autotune(")[1:]]
-    assert heads, "no user-defined kernel in the generated code"
-    assert all(head.count("kwargs") == 1 for head in heads), heads
+    configs = [part.split("configs=[", 1)[1].split("]", 1)[0] for src in sources for part in src.split("user_autotune(")[1:]]
+    assert configs, "no user-defined kernel in the generated code"
+    assert all(c.count("num_warps") == 1 for c in configs), configs
 
 
 @pytest.mark.gpu
