@@ -12,7 +12,7 @@ converted model compiles as one graph.
 The two on the layer's path, ``quantize`` and ``fp8_encode``, each have a ``*_launched`` twin, a
 ``torch.library.triton_op``: under ``torch.compile`` on a GPU its kernel launches and allocations
 become part of the generated code (no call back into Python a layer step). :func:`quantize` and
-:func:`fp8_encode` call the twin unless ``ADAHOP_INDUCTOR_LAUNCHES=0`` (:func:`inductor_launches`).
+:func:`fp8_encode` call the twin where ``ADAHOP_INDUCTOR_LAUNCHES=1`` (:func:`inductor_launches`).
 
 Request strings. :func:`quantize` takes one request per orientation of ``x (M, K)``: ``""`` (not
 wanted) or comma-separated flags: ``hadamard`` (block-Hadamard first), ``packed`` (write packed
@@ -171,15 +171,17 @@ INDUCTOR_LAUNCHES_ENV = "ADAHOP_INDUCTOR_LAUNCHES"
 
 
 def inductor_launches() -> bool:
-    """``$ADAHOP_INDUCTOR_LAUNCHES``: ``1`` (the default) lets ``torch.compile`` launch the quantize
-    and re-encode kernels and call cuBLAS's scaled GEMM from its generated code (:func:`quantize`,
-    :func:`fp8_encode`, :func:`fp8_mm`); ``0`` keeps each behind its opaque operator, a call back
-    into Python a layer step (the path of the results before the switch, DESIGN §6). Its GPU tests:
-    ``tests/test_compile.py`` and ``tests/test_library.py``, ``-k "launches or launched"``."""
-    value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "1")
+    """``$ADAHOP_INDUCTOR_LAUNCHES``: ``1`` lets ``torch.compile`` launch the quantize and re-encode
+    kernels and call cuBLAS's scaled GEMM from its generated code (:func:`quantize`,
+    :func:`fp8_encode`, :func:`fp8_mm`); ``0`` (the default) keeps each behind its opaque operator, a
+    call back into Python a layer step. On, a compiled layer costs less host time, but tracing a
+    whole model costs far more: at 1b on one H100 adahop's first compiled step was still tracing
+    after 244 s (DESIGN §6). Its GPU tests: ``tests/test_compile.py`` and ``tests/test_library.py``,
+    ``-k "launches or launched"``."""
+    value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0")
     if value not in ("", "0", "1"):
         raise ValueError(f"${INDUCTOR_LAUNCHES_ENV} must be 0 or 1, got {value!r}")
-    return value != "0"
+    return value == "1"
 
 
 def _gpu_kernels(x: torch.Tensor, backend: str) -> bool:

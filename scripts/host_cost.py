@@ -10,7 +10,7 @@ operator's dispatch, its Python (checks, allocations), Triton's launcher, or the
 the peers' compiled layers (``nn.Linear`` bf16, torchao float8 tensorwise on a GPU) are the host
 time to beat. On a CPU only the layers and the operators run: through the interpreter under
 ``TRITON_INTERPRET=1``, else through the reference. The compiled layer's kernels and GEMMs are
-launched by Inductor unless ``ADAHOP_INDUCTOR_LAUNCHES=0`` (``adahop.library.inductor_launches``).
+launched by Inductor where ``ADAHOP_INDUCTOR_LAUNCHES=1`` (``adahop.library.inductor_launches``).
 
 Cut by ``--budget-s``, SIGTERM (a job's time limit) or SIGINT, it writes the records it finished
 (``adahop.harness.provenance.write_measured``: beside an existing ``--out``, never over it) and exits

@@ -242,10 +242,10 @@ def test_inductor_launches_switch_refuses_a_value_it_does_not_know(monkeypatch, 
         library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")
 
 
-def test_inductor_launches_switch_is_on_unless_set_to_0(monkeypatch):
+def test_inductor_launches_switch_is_off_unless_set_to_1(monkeypatch):
     monkeypatch.delenv(library.INDUCTOR_LAUNCHES_ENV, raising=False)
-    assert library.inductor_launches()
-    for value, on in (("", True), ("1", True), ("0", False)):
+    assert not library.inductor_launches()
+    for value, on in (("", False), ("1", True), ("0", False)):
         monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, value)
         assert library.inductor_launches() is on, value
 
