@@ -361,14 +361,15 @@ def tune_before_tracing(run, args) -> None:
     times the configs for the launch's key, and the traced launch keeps only its pick
     (``adahop_kernels._common.eager_pick``), so Inductor compiles one config per launch and times
     none. Left to Inductor, every config of every launch shape is compiled and timed again in each
-    compiled graph. Once per distinct call; a stand-in that cannot be made (a fake device, no
-    memory) leaves the choice to Inductor, as before."""
+    compiled graph. Once per distinct call; symbolic sizes, or a stand-in that cannot be made (a
+    fake device, no memory), leave the choice to Inductor."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from adahop_kernels._common import traced
 
-    if not traced([a for a in args if isinstance(a, torch.Tensor)]):
-        return
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not traced(tensors) or not all(type(n) is int for t in tensors for n in (*t.shape, *t.stride())):
+        return  # eager, or symbolic sizes (dynamic shapes): nothing to make stand-ins of
     key = (run.__code__, *((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
                            else a for a in args))
     if key in _TUNED:

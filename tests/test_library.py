@@ -340,6 +340,15 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
                      (torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "packed")]
     library.tune_before_tracing(run, (torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.uint8), torch.zeros(()), "x"))
     assert len(calls) == 2
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    dynamic = FakeTensorMode(shape_env=ShapeEnv())
+    sym = dynamic.from_tensor(torch.empty(8, 4, dtype=torch.bfloat16), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DYNAMIC] * 2))
+    with dynamic:  # symbolic sizes (dynamic shapes): no stand-ins
+        library.tune_before_tracing(run, (sym, dynamic.from_tensor(torch.empty(4, 2, dtype=torch.uint8)),
+                                          dynamic.from_tensor(torch.ones((), dtype=torch.int64)), "amax"))
+    assert len(calls) == 2
 
     def fails(*args):
         raise RuntimeError("no such device")
