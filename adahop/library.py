@@ -270,6 +270,7 @@ def _quantize_launched(*args):
     x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend = args
     if not _gpu_kernels(x, backend):
         return torch.ops.adahop.quantize(*args)
+    cache_kernel_analysis()
     tune_before_tracing(_quantize_eager, args)
     outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
                             hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
@@ -348,8 +349,79 @@ def _fp8_encode_launched(codes: torch.Tensor, scales: torch.Tensor, layout: str,
         return torch.ops.adahop.fp8_encode(codes, scales, layout, backend)
     from adahop_kernels.fp8_reencode import fp8_reencode
 
+    cache_kernel_analysis()
     tune_before_tracing(lambda c, s, lay: fp8_reencode(MXFP4Tensor(c, s), lay), (codes, scales, layout))
     return fp8_reencode(MXFP4Tensor(codes, scales), layout, launch=torch.library.wrap_triton)
+
+
+# torch's analyses of a user-defined Triton kernel: which of its tensors it reads and writes.
+_ANALYSES = ("identify_accessed_tensors", "identify_mutated_tensors")
+
+
+def cache_kernel_analysis() -> None:
+    """Let torch analyse each of this suite's kernel variants once per process, not once per launch.
+
+    For every launch that ``torch.compile`` traces through ``torch.library.wrap_triton``, torch
+    finds the tensors the kernel writes by generating its TTIR (``identify_accessed_tensors`` in
+    ``torch/_higher_order_ops/triton_kernel_wrap.py``; ``identify_mutated_tensors`` in older
+    releases), with no cache, in each pass that functionalizes or lowers the graph: a model's step
+    traces hundreds of launches of a few variants. The answer depends on the kernel and on its
+    arguments' values and element types, not on the tensors themselves, so it is kept per
+    :func:`_analysis_key`. Kernels other than ``adahop_kernels``', and launches whose arguments have
+    no plain key (symbolic sizes), go to torch's analysis as before. Idempotent."""
+    from torch._higher_order_ops import triton_kernel_wrap as tkw
+
+    for name in _ANALYSES:
+        analyse = getattr(tkw, name, None)
+        if analyse is not None and not getattr(analyse, "adahop_cached", False):
+            setattr(tkw, name, _cached_analysis(analyse))
+
+
+def _cached_analysis(analyse):
+    import copy
+
+    kept: dict = {}
+
+    @functools.wraps(analyse)
+    def cached(kernel, kwargs, *rest):
+        key = _analysis_key(kernel, kwargs, rest)
+        if key is None:
+            return analyse(kernel, kwargs, *rest)
+        if key not in kept:
+            kept[key] = analyse(kernel, kwargs, *rest)
+        return copy.deepcopy(kept[key])  # the caller's own copy, as a fresh analysis would be
+
+    cached.adahop_cached = True
+    return cached
+
+
+def _analysis_key(kernel, kwargs: dict, rest: tuple):
+    """What torch's kernel analysis depends on: the kernel (its ``triton.jit`` function and the
+    configs it is wrapped with), every argument's name with its value (a plain number, flag or
+    string) or its element type (a tensor, or Inductor's buffer), and the rest of the call; None
+    where an argument has neither (a symbolic size) or the kernel is not this suite's."""
+    fn = source = getattr(kernel, "fn", kernel)  # an autotuner's triton.jit function
+    while hasattr(source, "fn"):  # down to the Python function, whose module says whose it is
+        source = source.fn
+    if not getattr(source, "__module__", "").startswith("adahop_kernels"):
+        return None
+    items = []
+    for name, value in kwargs.items():
+        if value is None or isinstance(value, (bool, int, float, str)):
+            items.append((name, type(value).__name__, value))
+        elif getattr(value, "is_Integer", False):  # sympy's, from Inductor's lowering
+            items.append((name, "int", int(value)))
+        elif isinstance(value, torch.Tensor):
+            items.append((name, "tensor", str(value.dtype)))
+        elif callable(getattr(value, "get_dtype", None)):
+            try:
+                items.append((name, "buffer", str(value.get_dtype())))
+            except (AttributeError, NotImplementedError):
+                return None
+        else:
+            return None
+    configs = tuple(str(c) for c in getattr(kernel, "configs", ()))
+    return fn, configs, repr(rest), tuple(sorted(items))
 
 
 _TUNED: set = set()

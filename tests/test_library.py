@@ -357,6 +357,48 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
         library.tune_before_tracing(fails, (x, codes, seed_t, "hadamard"))
 
 
+def test_torch_analyses_each_kernel_variant_once_not_each_launch(monkeypatch):
+    """``cache_kernel_analysis``: torch's per-launch TTIR analysis of which tensors a kernel writes
+    runs once per kernel variant (kernel, configs, argument values and element types); other
+    kernels, and arguments with no plain key, still go to torch's analysis every time."""
+    from torch._higher_order_ops import triton_kernel_wrap as tkw
+
+    import adahop_kernels.hadamard_quantize as hq
+
+    calls = []
+
+    def analyse(kernel, kwargs, tma):
+        calls.append(sorted(kwargs))
+        return {"writes": [n for n, v in kwargs.items() if isinstance(v, torch.Tensor)]}
+
+    monkeypatch.setattr(tkw, "identify_accessed_tensors", analyse, raising=False)
+    monkeypatch.setattr(tkw, "identify_mutated_tensors", analyse, raising=False)
+    library.cache_kernel_analysis()
+    library.cache_kernel_analysis()  # idempotent: one cache, not a cache of a cache
+    cached = tkw.identify_accessed_tensors
+    assert cached.adahop_cached and cached.__wrapped__ is analyse
+
+    x, y = torch.empty(4, 4), torch.empty(8, 8)
+    first = cached(hq._tuned_kernel, {"x_ptr": x, "M": 4, "FP8": 1}, {})
+    again = cached(hq._tuned_kernel, {"x_ptr": y, "M": 4, "FP8": 1}, {})  # other tensors, same variant
+    assert first == again == {"writes": ["x_ptr"]} and first is not again and len(calls) == 1
+    cached(hq._tuned_kernel, {"x_ptr": x, "M": 4, "FP8": 2}, {})       # another constexpr
+    cached(hq._tuned_kernel, {"x_ptr": x.half(), "M": 4, "FP8": 1}, {})  # another element type
+    cached(hq._redo_kernel, {"x_ptr": x, "M": 4, "FP8": 1}, {})        # another kernel
+    assert len(calls) == 4
+    unknown = object()
+    cached(hq._tuned_kernel, {"x_ptr": x, "M": unknown}, {})
+    cached(hq._tuned_kernel, {"x_ptr": x, "M": unknown}, {})
+    assert len(calls) == 6
+
+    def foreign(x_ptr):  # a kernel outside adahop_kernels: torch's analysis each time
+        pass
+
+    cached(foreign, {"x_ptr": x}, {})
+    cached(foreign, {"x_ptr": x}, {})
+    assert len(calls) == 8
+
+
 def test_quantize_refuses_the_wrong_number_of_arguments():
     with pytest.raises(TypeError, match="10 arguments"):
         library.quantize(torch.randn(64, 64), None, None, None, "packed", "", 32, "rne", "propagate")
