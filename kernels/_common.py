@@ -78,8 +78,7 @@ def fitting_configs(fits=None, kernel=None, tuner=None):
 
 
 def _traced(args: dict) -> bool:
-    """Whether a launch is traced by ``torch.compile`` (its tensors fake, or functional ones over
-    fake ones, under a fake mode), not run on data."""
+    """Whether a launch's tensors are ``torch.compile``'s stand-ins (:func:`traced`)."""
     return traced([v for v in args.values() if isinstance(v, torch.Tensor)])
 
 
@@ -98,11 +97,11 @@ def eager_pick(tuner, args: dict):
     same autotune key as a launch with ``args``, for a launch traced by ``torch.compile``; None for
     an eager launch, or where no eager launch had that key.
 
-    Inductor compiles a traced launch's every config and times them again in the compiled code,
-    each launch shape on its own: at model scale that took minutes per recompile. The eager
-    launches (a model's calibration steps, or its first step) have timed the same configs on the
-    same shapes already. The key is the autotuner's own: the key arguments' values, then every
-    tensor argument's dtype in argument order (``triton.runtime.autotuner.Autotuner.run``)."""
+    Otherwise Inductor compiles every config of a traced launch and times them again in the
+    compiled code, in each graph. The eager launch with the same key is
+    ``adahop.library.tune_before_tracing``'s, on stand-ins of the traced operands, or any earlier
+    one. The key is the autotuner's own: the key arguments' values, then every tensor argument's
+    dtype in argument order (``triton.runtime.autotuner.Autotuner.run``)."""
     if tuner is None or not _traced(args):
         return None
     named = {k: v for k, v in args.items() if k in tuner.arg_names}
