@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import os
 from typing import NamedTuple
 
@@ -450,8 +451,9 @@ def tune_before_tracing(run, args) -> None:
     try:
         with _disable_current_modes(), torch.no_grad():
             run(*(_stand_in(a) if isinstance(a, torch.Tensor) else a for a in args))
-    except (RuntimeError, ValueError, torch.OutOfMemoryError):
-        pass
+    except Exception as err:  # noqa: BLE001 - only the config choice rests on it: Inductor then tunes
+        logging.getLogger(__name__).warning("tuning a traced launch on stand-ins failed (%s: %s); "
+                                            "Inductor will time its configs", type(err).__name__, err)
 
 
 def _stand_in(t: torch.Tensor) -> torch.Tensor:

@@ -317,7 +317,7 @@ def test_launched_twins_pass_opcheck_and_answer_as_the_operators_off_a_gpu():
     torch.library.opcheck(torch.ops.adahop.fp8_encode_launched.default, (codes, scales, "tile128", "reference"))
 
 
-def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(monkeypatch):
+def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(monkeypatch, caplog):
     """``tune_before_tracing``: under ``torch.compile``'s fake tensors, the eager kernels run once per
     distinct call on real tensors of the same layout (so that Triton's autotuner has picked the
     config the traced launch then keeps); an eager call, or a repeated one, runs nothing."""
@@ -353,8 +353,9 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
     def fails(*args):
         raise RuntimeError("no such device")
 
-    with mode:  # a stand-in that cannot run leaves the choice to Inductor
+    with mode, caplog.at_level("WARNING", logger="adahop.library"):  # a stand-in that cannot run: Inductor tunes
         library.tune_before_tracing(fails, (x, codes, seed_t, "hadamard"))
+    assert "no such device" in caplog.text
 
 
 def test_torch_analyses_each_kernel_variant_once_not_each_launch(monkeypatch):
