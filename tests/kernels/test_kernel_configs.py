@@ -10,6 +10,8 @@ import collections
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 import adahop_kernels.dequantize as dq
 import adahop_kernels.fp8_reencode as fr
@@ -199,10 +201,6 @@ def test_every_config_matches_the_reference(monkeypatch):
         for i in _each_config(tuner, monkeypatch):
             fp8, scale = fr.fp8_reencode(t, layout)
             assert torch.equal(_u8(fp8), _u8(fp8_ref)) and torch.equal(scale.cpu(), scale_ref), (layout, i)
-
-
-import triton
-import triton.language as tl
 
 
 @triton.jit
