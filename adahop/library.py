@@ -271,7 +271,6 @@ def _quantize_launched(*args):
     x, signs_k, signs_m, seed, request_k, request_m, hadamard_size, rounding, nan_policy, backend = args
     if not _gpu_kernels(x, backend):
         return torch.ops.adahop.quantize(*args)
-    cache_kernel_analysis()
     tune_before_tracing(_quantize_eager, args)
     outs = _quantize_triton(x, signs_k, signs_m, seed, parse_request(request_k), parse_request(request_m),
                             hadamard_size, rounding, nan_policy, torch.library.wrap_triton)
@@ -350,7 +349,6 @@ def _fp8_encode_launched(codes: torch.Tensor, scales: torch.Tensor, layout: str,
         return torch.ops.adahop.fp8_encode(codes, scales, layout, backend)
     from adahop_kernels.fp8_reencode import fp8_reencode
 
-    cache_kernel_analysis()
     tune_before_tracing(lambda c, s, lay: fp8_reencode(MXFP4Tensor(c, s), lay), (codes, scales, layout))
     return fp8_reencode(MXFP4Tensor(codes, scales), layout, launch=torch.library.wrap_triton)
 
@@ -435,14 +433,18 @@ def tune_before_tracing(run, args) -> None:
     (``adahop_kernels._common.eager_pick``), so Inductor compiles one config per launch and times
     none. Left to Inductor, every config of every launch shape is compiled and timed again in each
     compiled graph. Once per distinct call; symbolic sizes, or a stand-in that cannot be made (a
-    fake device, no memory), leave the choice to Inductor."""
+    fake device, no memory), leave the choice to Inductor. A traced launch also installs
+    :func:`cache_kernel_analysis` (eager calls leave torch as it is)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from adahop_kernels._common import traced
 
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
-    if not traced(tensors) or not all(type(n) is int for t in tensors for n in (*t.shape, *t.stride())):
-        return  # eager, or symbolic sizes (dynamic shapes): nothing to make stand-ins of
+    if not traced(tensors):
+        return
+    cache_kernel_analysis()
+    if not all(type(n) is int for t in tensors for n in (*t.shape, *t.stride())):
+        return  # symbolic sizes (dynamic shapes): nothing to make stand-ins of
     key = (run.__code__, *((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)
                            else a for a in args))
     if key in _TUNED:

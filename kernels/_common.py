@@ -64,14 +64,15 @@ def fitting_configs(fits=None, kernel=None, tuner=None):
     eager launch (:func:`eager_pick`), where it made one."""
 
     def early_config_prune(configs, nargs, **kwargs):
+        launch = {**nargs, **kwargs}
         kept = [c for c in configs if fits is None or fits(c, kwargs)]
         choice = kernel_config_choice()
         kept = kept if choice is None or not kept else [kept[choice % len(kept)]]
         if tuner and len(kept) > 1:
-            picked = eager_pick(tuner[0], {**nargs, **kwargs})
+            picked = eager_pick(tuner[0], launch)
             kept = [picked] if picked is not None and picked in kept else kept
-        if kernel is not None and len(kept) > 1 and not INTERPRETED and not _traced({**nargs, **kwargs}):
-            precompile(kernel, kept, {**nargs, **kwargs})
+        if kernel is not None and len(kept) > 1 and not INTERPRETED and not _traced(launch):
+            precompile(kernel, kept, launch)
         return kept
 
     return {"early_config_prune": early_config_prune}

@@ -324,6 +324,8 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     monkeypatch.setattr(library, "_TUNED", set())
+    installs = []
+    monkeypatch.setattr(library, "cache_kernel_analysis", lambda: installs.append(1))  # not torch's, in a test
     calls = []
 
     def run(x, codes, seed, flags):
@@ -338,8 +340,9 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
             library.tune_before_tracing(run, (x, codes, seed_t, flags))
     assert calls == [(torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "hadamard"),
                      (torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "packed")]
+    assert len(installs) == 3  # each traced call installs torch's analysis cache (idempotent)
     library.tune_before_tracing(run, (torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.uint8), torch.zeros(()), "x"))
-    assert len(calls) == 2
+    assert len(calls) == 2 and len(installs) == 3
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     dynamic = FakeTensorMode(shape_env=ShapeEnv())
