@@ -175,9 +175,9 @@ def inductor_launches() -> bool:
     """``$ADAHOP_INDUCTOR_LAUNCHES``: ``1`` lets ``torch.compile`` launch the quantize and re-encode
     kernels and call cuBLAS's scaled GEMM from its generated code (:func:`quantize`,
     :func:`fp8_encode`, :func:`fp8_mm`); ``0`` (the default) keeps each behind its opaque operator, a
-    call back into Python a layer step. On, a compiled layer costs less host time, but tracing a
-    whole model costs far more: at 1b on one H100 adahop's first compiled step was still tracing
-    after 244 s (DESIGN §6). Its GPU tests: ``tests/test_compile.py`` and ``tests/test_library.py``,
+    call back into Python a layer step. On, a compiled layer costs less host time, but a whole
+    model compiles far longer and, at 1b under CUDA graphs on one H100, trained slower than through
+    the operators (DESIGN §6 gives the figures and their files). Its GPU tests: ``tests/test_compile.py`` and ``tests/test_library.py``,
     ``-k "launches or launched"``."""
     value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0")
     if value not in ("", "0", "1"):

@@ -304,7 +304,7 @@ def test_design_cuda_graph_pool_figures_are_the_results_file():
     (oom_run,) = read_results(GPU_THROUGHPUT / "history" / "3b_cudagraphs_h100-bf16-adahop-oom-2026-12-06.json")["records"]
     assert f"({oom_run['params'] * 16 / 1e9:.1f} GB for its {oom_run['params']:,})" in text
     # 3b after the fix: adahop's eager calibration beside bf16's recording step, in one process.
-    bf16, adahop = read_results(GPU_THROUGHPUT / "3b_cudagraphs_h100.json")["records"]
+    bf16, adahop = read_results(GPU_THROUGHPUT / "history" / "3b_cudagraphs_h100-2026-12-06.json")["records"]
     assert bf16["allocated_before_gib"] == adahop["allocated_before_gib"] == 0.0
     assert (f"allocates at most {max(adahop['untimed_peak_allocated_gib'][:calibration]):.1f} GiB against the "
             f"{recording_peak(bf16):.1f} GiB of bf16's graph-recording step") in text
@@ -347,3 +347,29 @@ def test_design_hot_pretraining_figures_are_the_results_files():
     assert f"({val(hot, 100):.3f} against {val(bf16, 100):.3f} at step 100)" in text
     assert (f"HOT's held-out loss falls by {val(hot, 500) - hot['final_val_loss']:.3f}, bf16's by "
             f"{val(bf16, 500) - bf16['final_val_loss']:.3f}") in text
+
+
+def test_design_launched_path_figures_are_the_results_files():
+    """DESIGN §6's account of the launched path at model scale quotes its runs' files."""
+    text = words(DESIGN)
+    bf16, ada = read_results(GPU_THROUGHPUT / "ab" / "1b_cudagraphs_launches_h100.json")["records"]
+    assert read_results(GPU_THROUGHPUT / "ab" / "1b_cudagraphs_launches_h100.json")["provenance"]["backend_env"] == {
+        "ADAHOP_INDUCTOR_LAUNCHES": "1"}
+    calibration = ada["config"]["recipe_overrides"]["calibration_steps"]
+    assert (f"untimed steps took {ada['untimed_s']:.0f} s, {ada['untimed_step_s'][calibration]:.0f} s of them the first "
+            f"compiled step after the {calibration} eager calibration steps") in text
+    assert (f"ran {ada['tokens_per_s']:,.0f} against bf16's {bf16['tokens_per_s']:,.0f} tokens/s "
+            f"({ada['tokens_per_s'] / bf16['tokens_per_s']:.2f}×), the GPU busy "
+            f"{ada['gpu_busy']['busy_fraction']:.0%} of the time") in text
+    op_bf16, op_ada = read_results(GPU_THROUGHPUT / "1b_cudagraphs_h100.json")["records"]
+    assert (f"untimed steps took {op_ada['untimed_s']:.0f} s and it ran "
+            f"{op_ada['tokens_per_s'] / op_bf16['tokens_per_s']:.2f}× bf16") in text
+    phase = ada["compile_phase_s"]
+    assert (f"AOT's metadata pass took {phase['aot_collect_metadata']:.1f} s and bytecode tracing "
+            f"{phase['bytecode_tracing']:.1f} s; Inductor's scheduler ({phase['Scheduler.__init__']:.1f} s, its fusion "
+            f"{phase['Scheduler.fused_nodes']:.1f} s) and code generation ({phase['GraphLowering.codegen']:.1f} s)") in text
+    (stopped,) = [r for r in read_results(GPU_THROUGHPUT / "history" / "1b_cudagraphs_h100-launches-startup-2026-12-07.json")
+                  ["records"] if r["recipe"] == "adahop"]
+    phase = stopped["compile_phase_s"]
+    assert (f"spent {phase['aot_collect_metadata']:.1f} s in AOT's metadata pass and {phase['bytecode_tracing']:.1f} s "
+            f"in Dynamo's bytecode tracing, of which {phase['get_fake_value']:.1f} s fake-tensor propagation") in text

@@ -230,7 +230,9 @@ def test_design_3b_step_breakdown_is_the_profiles_and_the_throughput_file():
     ada, bf16 = (kernel_ms_per_step(gpu / "profiles" / f"profile_3b_cudagraphs_{r}_h100.txt") for r in ("adahop", "bf16"))
     gemm = [sum(ms for name, ms in p.items() if name.startswith("nvjet")) for p in (ada, bf16)]
     quant, redo, reencode = (ada[k] for k in ("_hadamard_quantize_kernel", "_redo_kernel", "_fp8_group_kernel"))
-    step = {r["recipe"]: r["step_time_s"] * 1e3 for r in json.loads((gpu / "3b_cudagraphs_h100.json").read_text())["records"]}
+    # The profiles are of the run whose file a later run of the same stage moved to history/.
+    step = {r["recipe"]: r["step_time_s"] * 1e3
+            for r in json.loads((gpu / "history" / "3b_cudagraphs_h100-2026-12-06.json").read_text())["records"]}
     without = step["adahop"] - quant - redo - reencode
     text = (f"adahop's GEMMs {gemm[0]:.1f} ms against bf16's {gemm[1]:.1f} ms, its quantize kernel {quant:.1f} ms, the "
             f"redo of rare blocks {redo:.1f} ms and the FP8 re-encode {reencode:.1f} ms. With those three at zero the timed "
@@ -250,7 +252,7 @@ def test_design_allocator_figures_are_the_throughput_files():
             out[r["recipe"]] = (r, by.pop("(0, 0)"), next(iter(by.values())))
         return out
 
-    b3, b1 = pools("3b_cudagraphs_h100.json"), pools("1b_cudagraphs_h100.json")
+    b3, b1 = pools("history/3b_cudagraphs_h100-2026-12-06.json"), pools("1b_cudagraphs_h100.json")
     (ada, ada_main, ada_graphs), (bf, bf_main, bf_graphs) = b3["adahop"], b3["bf16"]
     fixed = ada["memory_at_start"]["allocated_gib"]
     assert abs(fixed - bf["memory_at_start"]["allocated_gib"]) < 0.01  # weights and moments: the same in both
@@ -267,6 +269,24 @@ def test_design_allocator_figures_are_the_throughput_files():
         f"0.8× of bf16's {bf['peak_mem_gib']:.2f} GiB leaves about {left:.1f} GiB for everything else against bf16's "
         f"{bf['peak_mem_gib'] - fixed * 4 / 3:.1f}",
     ]
+    for text in texts:
+        assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+    # The same run after allocate_optimizer_state: no fragments left in the default pool.
+    (ada, ada_main, ada_graphs), (bf, bf_main, bf_graphs) = (pools("3b_cudagraphs_h100.json")[r] for r in ("adahop", "bf16"))
+    calibration = ada["config"]["recipe_overrides"]["calibration_steps"]
+    texts = [
+        f"adahop's default pool held {ada_main['reserved_gib']:.2f} GiB with {ada_main['inactive_gib']:.2f} free, as "
+        f"bf16's did, beside a graphs' pool of {ada_graphs['reserved_gib']:.2f} GiB against bf16's {bf_graphs['reserved_gib']:.2f}",
+        f"the peak fell to {ada['peak_mem_gib']:.1f} against {bf['peak_mem_gib']:.1f} GiB, "
+        f"{ada['peak_mem_gib'] / bf['peak_mem_gib']:.2f}× bf16",
+        f"ran {ada['tokens_per_s']:,.0f} against {bf['tokens_per_s']:,.0f} tokens/s "
+        f"({ada['tokens_per_s'] / bf['tokens_per_s']:.2f}×)",
+        f"Its untimed steps took {ada['untimed_s']:.0f} s against bf16's {bf['untimed_s']:.0f}, the compilation after "
+        f"calibration {ada['untimed_step_s'][calibration]:.0f} s of them",
+        f"{ada['compile_cache_files']['triton']} Triton files when adahop began",
+    ]
+    assert bf_main["inactive_gib"] < 0.005
     for text in texts:
         assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
 
