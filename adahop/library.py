@@ -423,6 +423,60 @@ def _analysis_key(kernel, kwargs: dict, rest: tuple):
     return fn, configs, repr(rest), tuple(sorted(items))
 
 
+def keep_register_caps() -> None:
+    """Let Inductor compile this suite's kernels with their configs' register caps (``maxnreg``).
+
+    The quantize kernels' configs cap the registers a thread (``kernels/hadamard_quantize.py``),
+    which buys the occupancy their speed rests on. Inductor drops the cap for the Triton kernels it
+    launches from its generated code: it writes each config into that code through
+    ``config_to_dict``, which keeps the config's arguments, warps and stages only, and compiles
+    each with ``CachingAutotuner._create_compile_options``, which passes no ``maxnreg`` to Triton
+    (``torch/_inductor/runtime/triton_heuristics.py``). Both are wrapped here to carry a cap where a
+    config has one; configs without one (every kernel of Inductor's own) are written and compiled
+    as before. Where the installed torch has neither, the caps are lost and a warning says so.
+    Idempotent."""
+    try:
+        from torch._inductor.runtime import triton_heuristics as th
+    except ImportError:  # no Inductor: nothing launches these kernels but Triton
+        return
+    to_dict = getattr(th, "config_to_dict", None)
+    autotuner = getattr(th, "CachingAutotuner", None)
+    options = getattr(autotuner, "_create_compile_options", None)
+    if to_dict is None or options is None:
+        logging.getLogger(__name__).warning(
+            "this torch's Inductor has no config_to_dict or CachingAutotuner._create_compile_options: "
+            "the kernels it launches compile without their register caps")
+        return
+    if not getattr(to_dict, "adahop_caps", False):
+        th.config_to_dict = _dict_with_cap(to_dict)
+    if not getattr(options, "adahop_caps", False):
+        autotuner._create_compile_options = _options_with_cap(options)
+
+
+def _dict_with_cap(to_dict):
+    @functools.wraps(to_dict)
+    def with_cap(config):
+        out = to_dict(config)
+        if getattr(config, "maxnreg", None) is not None:
+            out["maxnreg"] = config.maxnreg  # config_from_dict takes it back as the Config's cap
+        return out
+
+    with_cap.adahop_caps = True
+    return with_cap
+
+
+def _options_with_cap(create):
+    @functools.wraps(create)
+    def with_cap(self, cfg, compile_meta):
+        out = create(self, cfg, compile_meta)
+        if getattr(cfg, "maxnreg", None) is not None and "maxnreg" not in out:
+            out["maxnreg"] = cfg.maxnreg
+        return out
+
+    with_cap.adahop_caps = True
+    return with_cap
+
+
 _TUNED: set = set()
 
 
@@ -434,7 +488,7 @@ def tune_before_tracing(run, args) -> None:
     none. Left to Inductor, every config of every launch shape is compiled and timed again in each
     compiled graph. Once per distinct call; symbolic sizes, or a stand-in that cannot be made (a
     fake device, no memory), leave the choice to Inductor. A traced launch also installs
-    :func:`cache_kernel_analysis` (eager calls leave torch as it is)."""
+    :func:`cache_kernel_analysis` and :func:`keep_register_caps` (eager calls leave torch as it is)."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     from adahop_kernels._common import traced
@@ -443,6 +497,7 @@ def tune_before_tracing(run, args) -> None:
     if not traced(tensors):
         return
     cache_kernel_analysis()
+    keep_register_caps()
     if not all(type(n) is int for t in tensors for n in (*t.shape, *t.stride())):
         return  # symbolic sizes (dynamic shapes): nothing to make stand-ins of
     key = (run.__code__, *((tuple(a.shape), tuple(a.stride()), a.dtype, str(a.device)) if isinstance(a, torch.Tensor)

@@ -373,3 +373,14 @@ def test_design_launched_path_figures_are_the_results_files():
     phase = stopped["compile_phase_s"]
     assert (f"spent {phase['aot_collect_metadata']:.1f} s in AOT's metadata pass and {phase['bytecode_tracing']:.1f} s "
             f"in Dynamo's bytecode tracing, of which {phase['get_fake_value']:.1f} s fake-tensor propagation") in text
+    # The register caps the launched path lost: each step's capped config against the same one uncapped.
+    sweep = read_results(ROOT / "results" / "microbench" / "gpu" / "history" / "quantize-sweep-2026-12-05-h100.json")["records"]
+
+    def figure(step, block_m, warps, cap):
+        (r,) = [r for r in sweep if r["test"].startswith(step) and r["config"] == {
+            "BLOCK_M": block_m, "BLOCK_K": 128, "num_warps": warps, "maxnreg": cap}]
+        return r["figure"]
+
+    gains = [figure(step, m, w, cap) / figure(step, m, w, None)
+             for step, m, w, cap in (("X-forward", 32, 4, 64), ("W[", 128, 8, 128), ("dY-backward", 128, 16, 64))]
+    assert f"ran {gains[0]:.2f}×, {gains[1]:.2f}× and {gains[2]:.2f}× their uncapped selves" in text

@@ -3,6 +3,9 @@ on both backends, and one operator call for both orientations agreeing with the 
 
 from __future__ import annotations
 
+import ast
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -326,6 +329,7 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
     monkeypatch.setattr(library, "_TUNED", set())
     installs = []
     monkeypatch.setattr(library, "cache_kernel_analysis", lambda: installs.append(1))  # not torch's, in a test
+    monkeypatch.setattr(library, "keep_register_caps", lambda: installs.append(2))
     calls = []
 
     def run(x, codes, seed, flags):
@@ -340,9 +344,9 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
             library.tune_before_tracing(run, (x, codes, seed_t, flags))
     assert calls == [(torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "hadamard"),
                      (torch.Tensor, (4, 8), (1, 4), torch.bfloat16, True, True, 0, "packed")]
-    assert len(installs) == 3  # each traced call installs torch's analysis cache (idempotent)
+    assert installs == [1, 2] * 3  # each traced call installs the analysis cache and the caps (idempotent)
     library.tune_before_tracing(run, (torch.zeros(4, 8), torch.zeros(4, 2, dtype=torch.uint8), torch.zeros(()), "x"))
-    assert len(calls) == 2 and len(installs) == 3
+    assert len(calls) == 2 and len(installs) == 6
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
     dynamic = FakeTensorMode(shape_env=ShapeEnv())
@@ -359,6 +363,37 @@ def test_a_traced_launch_runs_the_eager_kernels_once_on_real_stand_ins_first(mon
     with mode, caplog.at_level("WARNING", logger="adahop.library"):  # a stand-in that cannot run: Inductor tunes
         library.tune_before_tracing(fails, (x, codes, seed_t, "hadamard"))
     assert "no such device" in caplog.text
+
+
+def test_inductor_keeps_the_register_cap_of_a_config_that_has_one(monkeypatch):
+    """``keep_register_caps``: the config Inductor writes into its generated code, and reads back,
+    keeps ``maxnreg``, and the options it compiles a config with pass it to Triton; a config without
+    a cap is written and compiled as before."""
+    import triton
+    from torch._inductor.runtime import triton_heuristics as th
+
+    # Restored after the test: the wrappers are installed on torch's own functions.
+    monkeypatch.setattr(th, "config_to_dict", th.config_to_dict)
+    monkeypatch.setattr(th.CachingAutotuner, "_create_compile_options", th.CachingAutotuner._create_compile_options)
+    plain_dict, plain_options = th.config_to_dict, th.CachingAutotuner._create_compile_options
+    capped = triton.Config({"BLOCK_M": 32, "BLOCK_K": 128}, num_warps=4, maxnreg=64)
+    uncapped = triton.Config({"BLOCK_M": 32, "BLOCK_K": 128}, num_warps=4)
+    assert "maxnreg" not in plain_dict(capped)  # what the installed torch does unaided
+    library.keep_register_caps()
+    library.keep_register_caps()  # idempotent: one wrapper each
+    assert th.config_to_dict.__wrapped__ is plain_dict
+    assert th.CachingAutotuner._create_compile_options.__wrapped__ is plain_options
+    written = th.config_to_dict(capped)
+    assert written == {**plain_dict(capped), "maxnreg": 64}
+    assert th.config_from_dict(written).maxnreg == 64 and th.config_from_dict(written).kwargs == capped.kwargs
+    assert th.config_to_dict(uncapped) == plain_dict(uncapped)
+
+    autotuner = SimpleNamespace(device_props=SimpleNamespace(type="cuda", cc=90), inductor_meta={})
+    meta = {"num_warps": 4, "num_stages": 1, "debug": False}
+    options = th.CachingAutotuner._create_compile_options(autotuner, capped, dict(meta))
+    assert options == {**plain_options(autotuner, capped, dict(meta)), "maxnreg": 64}
+    assert th.CachingAutotuner._create_compile_options(autotuner, uncapped, dict(meta)) == plain_options(
+        autotuner, uncapped, dict(meta))
 
 
 def test_torch_analyses_each_kernel_variant_once_not_each_launch(monkeypatch):
@@ -443,8 +478,11 @@ def test_launched_quantize_compiled_equals_the_operator_bit_for_bit(monkeypatch,
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_inductor_compiles_the_one_config_the_eager_autotuner_picked(monkeypatch):
     """A launched quantize under ``torch.compile``: each kernel in the generated code has one config
-    (Triton's eager pick for its key, ``library.tune_before_tracing``), not every config to time."""
+    (Triton's eager pick for its key, ``library.tune_before_tracing``), not every config to time,
+    and the pick's register cap with it (``library.keep_register_caps``)."""
     from torch._inductor.utils import run_and_get_code
+
+    import adahop_kernels.hadamard_quantize as hq
 
     monkeypatch.setenv(library.INDUCTOR_LAUNCHES_ENV, "1")
     monkeypatch.delenv("ADAHOP_KERNEL_CONFIG", raising=False)  # the autotuner's own choice
@@ -455,6 +493,10 @@ def test_inductor_compiles_the_one_config_the_eager_autotuner_picked(monkeypatch
     configs = [part.split("configs=[", 1)[1].split("]", 1)[0] for src in sources for part in src.split("user_autotune(")[1:]]
     assert configs, "no user-defined kernel in the generated code"
     assert all(c.count("num_warps") == 1 for c in configs), configs
+    caps = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_K"], c.num_warps): c.maxnreg for c in hq._tuned_kernel.cache.values()}
+    written = [d for c in configs for d in ast.literal_eval(f"[{c}]") if "BLOCK_M" in d and "BLOCK_K" in d]
+    assert written and all(d.get("maxnreg") == caps[d["BLOCK_M"], d["BLOCK_K"], d["num_warps"]] for d in written), (
+        written, caps)
 
 
 @pytest.mark.gpu
