@@ -177,8 +177,8 @@ def inductor_launches() -> bool:
     :func:`fp8_encode`, :func:`fp8_mm`); ``0`` (the default) keeps each behind its opaque operator, a
     call back into Python a layer step. On, a compiled layer costs less host time, but a whole
     model compiles far longer and, at 1b under CUDA graphs on one H100, trained slower than through
-    the operators (DESIGN §6 gives the figures and their files). Its GPU tests: ``tests/test_compile.py`` and ``tests/test_library.py``,
-    ``-k "launches or launched"``."""
+    the operators (DESIGN §6 gives the figures and their files). Its GPU tests:
+    ``tests/test_compile.py`` and ``tests/test_library.py``, ``-k "launches or launched"``."""
     value = os.environ.get(INDUCTOR_LAUNCHES_ENV, "0")
     if value not in ("", "0", "1"):
         raise ValueError(f"${INDUCTOR_LAUNCHES_ENV} must be 0 or 1, got {value!r}")
