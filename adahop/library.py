@@ -433,7 +433,8 @@ def keep_register_caps() -> None:
     each with ``CachingAutotuner._create_compile_options``, which passes no ``maxnreg`` to Triton
     (``torch/_inductor/runtime/triton_heuristics.py``). Both are wrapped here to carry a cap where a
     config has one; configs without one (every kernel of Inductor's own) are written and compiled
-    as before. Where the installed torch has neither, the caps are lost and a warning says so.
+    as before. Where the installed torch lacks either, neither is wrapped, the caps are lost and a
+    warning says so.
     Idempotent."""
     try:
         from torch._inductor.runtime import triton_heuristics as th

@@ -352,9 +352,9 @@ def test_design_hot_pretraining_figures_are_the_results_files():
 def test_design_launched_path_figures_are_the_results_files():
     """DESIGN §6's account of the launched path at model scale quotes its runs' files."""
     text = words(DESIGN)
-    bf16, ada = read_results(GPU_THROUGHPUT / "ab" / "1b_cudagraphs_launches_h100.json")["records"]
-    assert read_results(GPU_THROUGHPUT / "ab" / "1b_cudagraphs_launches_h100.json")["provenance"]["backend_env"] == {
-        "ADAHOP_INDUCTOR_LAUNCHES": "1"}
+    launched = read_results(GPU_THROUGHPUT / "ab" / "1b_cudagraphs_launches_h100.json")
+    assert launched["provenance"]["backend_env"] == {"ADAHOP_INDUCTOR_LAUNCHES": "1"}
+    bf16, ada = launched["records"]
     calibration = ada["config"]["recipe_overrides"]["calibration_steps"]
     assert (f"untimed steps took {ada['untimed_s']:.0f} s, {ada['untimed_step_s'][calibration]:.0f} s of them the first "
             f"compiled step after the {calibration} eager calibration steps") in text
