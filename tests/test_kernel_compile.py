@@ -26,8 +26,9 @@ def run_python(code: str, path: Path | None = None) -> subprocess.CompletedProce
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90():
-    """default_cases() compile for sm_90 (about 100 s on 2 cores), and they launch every kernel module."""
-    proc = run_python("import sys; from adahop.harness.kernel_compile import main; sys.exit(main())")
+    """default_cases() compile for sm_90 (--quick: about 2 minutes on 2 cores from an empty Triton
+    cache), and they launch every kernel module."""
+    proc = run_python("import sys; from adahop.harness.kernel_compile import main; sys.exit(main(['--quick']))")
     assert proc.returncode == 0, f"kernels that do not compile for sm_90:\n{proc.stdout}\n{proc.stderr[-3000:]}"
     compiled = {line.split(".", 1)[0] for line in proc.stdout.splitlines() if " variants compiled" in line}
     missing = [m for m in KERNEL_MODULES if m not in compiled]
@@ -90,17 +91,19 @@ from adahop.harness import kernel_compile as kc
 import broken_kernel
 
 kc.default_cases = lambda: [kc.Case("xor", broken_kernel.launch)]
-sys.exit(kc.main([]))
+sys.exit(kc.main({argv}))
 """
 
 
+@pytest.mark.parametrize("argv", [[], ["--quick"]], ids=["cubin", "quick"])
 @pytest.mark.parametrize("decorator, fails", [("", True), ('(do_not_specialize=["mix"])', False)],
                          ids=["mix-specialized", "mix-not-specialized"])
-def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(tmp_path, decorator, fails):
+def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(tmp_path, decorator, fails, argv):
     """``mix.to()`` compiles for mix=7 but not for mix=1, which a launch turns into a Python int:
-    a bug that passes every interpreter test. ``do_not_specialize`` fixes it; ``n`` stays specializable."""
+    a bug that passes every interpreter test. ``do_not_specialize`` fixes it; ``n`` stays specializable.
+    ``--quick`` compiles the "=1" variants to TTGIR only, and finds it as well."""
     (tmp_path / "broken_kernel.py").write_text(BROKEN_KERNEL.format(decorator=decorator))
-    proc = run_python(CHECK_BROKEN, path=tmp_path)
+    proc = run_python(CHECK_BROKEN.format(argv=argv), path=tmp_path)
     out = proc.stdout
     if fails:
         assert proc.returncode == 1, out + proc.stderr[-3000:]
@@ -110,3 +113,32 @@ def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(tmp_path,
     else:
         assert proc.returncode == 0, out + proc.stderr[-3000:]
         assert "2 of 2 variants compiled" in out and "FAILED" not in out, out
+
+
+QUICK_COVERS = """
+from collections import defaultdict
+from adahop.harness import kernel_compile as kc
+
+launches = kc.record(kc.default_cases())
+every, quick = kc.variants(launches), kc.variants(launches, quick=True)
+assert every == quick, "--quick compiles other variants"
+assert {v.stage for v in every} == {"cubin"} and {v.stage for v in quick} == {"cubin", "ttgir"}
+cubin = {v for v in quick if v.stage == "cubin"}
+calls, configs = defaultdict(set), defaultdict(set)
+for launch in launches:
+    calls[launch.group].add(kc.specialize(launch))
+    configs[kc.kernel_name(launch.fn), launch.config].add(kc.specialize(launch))
+assert all(vs & cubin for vs in calls.values()), "a launcher call that no variant compiles to the cubin"
+assert all(vs & cubin for vs in configs.values()), "a config that no variant compiles to the cubin"
+assert any(config is not None for _, config in configs), "no autotuned launch recorded its config"
+print("cubin", len(cubin), "of", len(quick), "configs", len(configs))
+"""
+
+
+def test_quick_compiles_every_call_and_every_config_to_the_cubin():
+    """--quick keeps the variants; the ones it stops at TTGIR leave every launcher call and every
+    autotune config with a variant that reaches ptxas."""
+    proc = run_python(QUICK_COVERS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    cubin, total = int(proc.stdout.split()[1]), int(proc.stdout.split()[3])
+    assert 0 < cubin < total, proc.stdout

@@ -17,7 +17,14 @@ what the GPU compiles:
 3. :func:`compile_variants`: ``triton.compile`` each distinct variant for ``GPUTarget("cuda", 90, 32)``,
    down to the cubin (Triton ships ptxas).
 
+``--quick`` (the test suite's) compiles to the cubin each launcher call at one of its configs and
+every config at least once (:func:`variants`); the other configs and the "=1" variants go through
+Triton's front end and its GPU passes to TTGIR, where an int that became a constexpr, a block shape
+or a flag that does not type-check fails. About a quarter of the default variants then reach
+LLVM and ptxas, which cost most of a compile.
+
     python -m adahop.harness.kernel_compile             # default_cases()
+    python -m adahop.harness.kernel_compile --quick     # default_cases(), the rest of the variants to TTGIR
     python -m adahop.harness.kernel_compile --full      # full_cases(): every flag combination (long, see kernels/README.md)
     python -m adahop.harness.kernel_compile --only signs
 
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import contextlib
+import dataclasses
 import importlib
 import multiprocessing
 import os
@@ -45,7 +53,8 @@ from unittest import mock
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton._C.libtriton import ir
+from triton.compiler import ASTSource, make_backend
 from triton.runtime.autotuner import Autotuner
 from triton.runtime.jit import JITFunction
 
@@ -79,6 +88,7 @@ class Launch:
     fn: JITFunction
     args: dict[str, Any]
     options: dict[str, Any]
+    config: tuple[tuple[str, Any], ...] | None = None  # the autotune config's kwargs, for autotuned launches
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,7 @@ class Variant:
     fn: JITFunction = field(compare=False)
     case: str = field(compare=False)
     ones: tuple[str, ...] = field(compare=False, default=())  # int arguments this variant sets to 1
+    stage: str = field(compare=False, default="cubin")  # the last of Triton's stages compile_variant runs
 
 
 @dataclass
@@ -131,7 +142,7 @@ def record(cases: Iterable[Case]) -> list[Launch]:
         raise RuntimeError("kernel_compile records GPU launches: run it with TRITON_INTERPRET unset or 0 "
                            "(set before anything imports triton)")
     launches: list[Launch] = []
-    state = {"case": "", "group": 0, "autotuned": None}
+    state = {"case": "", "group": 0, "autotuned": None, "config": None}
 
     def jit_run(fn, *args, grid, warmup, **kwargs):
         names = {p.name for p in fn.params}
@@ -142,7 +153,7 @@ def record(cases: Iterable[Case]) -> list[Launch]:
             state["group"] += 1
             group = state["group"]
         options = {k: v for k, v in kwargs.items() if k not in names and v is not None}
-        launches.append(Launch(state["case"], group, fn, dict(bound.arguments), options))
+        launches.append(Launch(state["case"], group, fn, dict(bound.arguments), options, state["config"]))
 
     def autotuner_run(tuner, *args, **kwargs):
         # Autotuner.run without the benchmark: every config it would time, each a compile.
@@ -152,9 +163,10 @@ def record(cases: Iterable[Case]) -> list[Launch]:
         state["autotuned"] = state["group"]
         try:
             for config in configs:
+                state["config"] = tuple(sorted(config.all_kwargs().items()))
                 tuner.fn.run(*args, **kwargs, **config.all_kwargs())
         finally:
-            state["autotuned"] = None
+            state["autotuned"] = state["config"] = None
             tuner.nargs = None
 
     with contextlib.ExitStack() as stack:
@@ -241,23 +253,39 @@ def specialize(launch: Launch, ones: tuple[str, ...] = ()) -> Variant:
                    tuple(sorted(launch.options.items())), fn, launch.case, tuple(ones))
 
 
-def variants(launches: list[Launch]) -> list[Variant]:
+def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
     """The distinct compiles of ``launches`` (in order) and of each launcher call's "=1" variants.
 
     The "=1" variants of a call use one of its autotune configs (the n-th call's n-th, so the calls
     spread over the configs): they multiply the compiles by the number of int arguments.
+
+    ``quick``: only that config of each call, and the first launch of each (kernel, config) no call
+    chose, compile to the cubin; every other variant stops at TTGIR (its ``stage``). So every flag
+    combination and every config reaches ptxas at least once, and every variant passes Triton's
+    front end.
     """
     calls: dict[int, list[Launch]] = defaultdict(list)
     for launch in launches:
         calls[launch.group].append(launch)
+    chosen = [group[n % len(group)] for n, group in enumerate(calls.values())]
+    full: dict[Variant, None] = {}
+    if quick:
+        configs = {(kernel_name(c.fn), c.config) for c in chosen}
+        for launch in chosen:
+            full.setdefault(specialize(launch))
+        for launch in launches:
+            if (kernel_name(launch.fn), launch.config) not in configs:
+                configs.add((kernel_name(launch.fn), launch.config))
+                full.setdefault(specialize(launch))
     out: dict[Variant, None] = {}
-    for n, group in enumerate(calls.values()):
-        chosen = group[n % len(group)]
+    for group, pick in zip(calls.values(), chosen):
         for launch in group:
             out.setdefault(specialize(launch))
-        for name in specializable_ints(chosen):
-            out.setdefault(specialize(chosen, (name,)))
-    return list(out)
+        for name in specializable_ints(pick):
+            out.setdefault(specialize(pick, (name,)))
+    if not quick:
+        return list(out)
+    return [v if v in full else dataclasses.replace(v, stage="ttgir") for v in out]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,14 +293,35 @@ def variants(launches: list[Launch]) -> list[Variant]:
 
 
 def compile_variant(v: Variant) -> None:
-    """``triton.compile`` the variant for sm_90 down to the cubin; raises what the compiler raises."""
+    """Compile the variant for sm_90 down to its ``stage``; raises what the compiler raises.
+
+    To the cubin through ``triton.compile`` (and Triton's cache); to an earlier stage through the
+    same pipeline, run by hand as ``triton.compile`` runs it and stopped there, with no cache.
+    """
     index = {p.name: p.num for p in v.fn.params}
     src = ASTSource(fn=v.fn, signature=dict(v.signature),
                     constexprs={(index[k],): value for k, value in v.constexprs},
                     attrs={(index[k],): [["tt.divisibility", 16]] for k in v.divisible})
-    kernel = triton.compile(src, target=TARGET, options=dict(v.options))
-    if not kernel.asm.get("cubin"):
-        raise RuntimeError("triton.compile returned no cubin")
+    if v.stage == "cubin":
+        kernel = triton.compile(src, target=TARGET, options=dict(v.options))
+        if not kernel.asm.get("cubin"):
+            raise RuntimeError("triton.compile returned no cubin")
+        return
+    backend = make_backend(TARGET)
+    options = backend.parse_options(dict(v.options))
+    stages: dict[str, Callable[[Any, dict], Any]] = {}
+    backend.add_stages(stages, options, src.language)
+    if v.stage not in stages:
+        raise ValueError(f"stage {v.stage!r} is not one of Triton's for sm_90: {list(stages)}")
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    module = src.make_ir(TARGET, options, backend.get_codegen_implementation(options),
+                         backend.get_module_map(), context)
+    metadata = {"hash": src.hash(), "target": TARGET, **options.__dict__}
+    names = list(stages)
+    for name in names[names.index(src.ext):names.index(v.stage) + 1]:
+        module = stages[name](module, metadata)
 
 
 def _summary(e: BaseException) -> str:
@@ -313,9 +362,9 @@ def compile_variants(vs: list[Variant], jobs: int = 1) -> list[Result]:
     return results
 
 
-def check(cases: Iterable[Case], jobs: int = 1) -> list[Result]:
+def check(cases: Iterable[Case], jobs: int = 1, quick: bool = False) -> list[Result]:
     """Record ``cases``, compile their variants for sm_90; one :class:`Result` per distinct variant."""
-    return compile_variants(variants(record(cases)), jobs)
+    return compile_variants(variants(record(cases), quick), jobs)
 
 
 def describe_failure(r: Result) -> str:
@@ -508,12 +557,14 @@ def full_cases() -> list[Case]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adahop.harness.kernel_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the cases of full_cases() (long)")
+    parser.add_argument("--quick", action="store_true",
+                        help="each call at one config and each config once to the cubin, the other variants to TTGIR")
     parser.add_argument("--only", metavar="TEXT", help="only the kernels whose name holds TEXT (e.g. signs)")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parser.add_argument("--jobs", type=int, default=cores, help="compiling processes (default: the usable cores)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
-    vs = variants(record(full_cases() if args.full else default_cases()))
+    vs = variants(record(full_cases() if args.full else default_cases()), args.quick)
     if args.only:
         vs = [v for v in vs if args.only in v.kernel]
         if not vs:
@@ -527,8 +578,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{kernel:45s} {len(rs) - bad:4d} variants compiled, {bad} failed, "
               f"{sum(r.seconds for r in rs):6.1f} s compiling")
     failures = [r for r in results if r.error is not None]
+    partial = sum(r.variant.stage != "cubin" for r in results)
     print(f"{len(results) - len(failures)} of {len(results)} variants compiled for sm_90 in "
-          f"{time.perf_counter() - t0:.0f} s ({args.jobs} processes)")
+          f"{time.perf_counter() - t0:.0f} s ({args.jobs} processes)"
+          + (f", {len(results) - partial} of them to the cubin, the others to TTGIR" if partial else ""))
     for r in failures:
         print("FAILED " + describe_failure(r))
     return 1 if failures else 0
