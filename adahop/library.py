@@ -583,6 +583,23 @@ def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
     return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
 
 
+@torch.library.custom_op("adahop::mm_reference", mutates_args=())
+def mm_reference(codes_a: torch.Tensor, scales_a: torch.Tensor, codes_b: torch.Tensor, scales_b: torch.Tensor,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+    """``A · Bᵀ`` of packed MXFP4 operands, :func:`adahop.ops.mxfp4_mm_ref` (fp64 from the dequantized
+    operands): the layer's GEMM where no faster path exists (a CPU). An operator like every other GEMM
+    of the layer, so that a compiled graph holds the same calls on a CPU as on a GPU, not the reference's
+    dequantization traced and fused into it."""
+    from adahop.ops import mxfp4_mm_ref
+
+    return mxfp4_mm_ref(MXFP4Tensor(codes_a, scales_a), MXFP4Tensor(codes_b, scales_b), out_dtype)
+
+
+@mm_reference.register_fake
+def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
+    return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
+
+
 def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,
            out_dtype: torch.dtype) -> torch.Tensor:
     """``torch.ops.adahop.fp8_mm``, or on a GPU where :func:`inductor_launches` is on, its cuBLAS

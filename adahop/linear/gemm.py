@@ -31,7 +31,7 @@ from adahop import hot, library
 from adahop.formats import BLOCKWISE_K, FP8_GROUP, MXFP4Tensor
 from adahop.linear.seeds import LEFT, RIGHT, SIGNS, SLOT_CODES, derive_seed, draw_seed, new_counter, signs_from_seed
 from adahop.backend import Backend
-from adahop.ops import GemmPath, device_gemm_path, fp8_mm, gemm_path, mxfp4_mm_ref, rank_outliers
+from adahop.ops import GemmPath, device_gemm_path, fp8_mm, gemm_path, rank_outliers
 from adahop.policy import MEASURED_CANDIDATES, Strategy
 from adahop.recipes import Recipe
 
@@ -299,7 +299,7 @@ def mm(a: Quantized, b: Quantized, out_dtype: torch.dtype, config: GemmConfig) -
     if config.path is GemmPath.FP8_ROWWISE:
         return fp8_mm(a.fp8, a.fp8_scale, a.fp8_layout, b.fp8, b.fp8_scale, b.fp8_layout, out_dtype)
     if config.path is GemmPath.REFERENCE:
-        return mxfp4_mm_ref(a.mxfp4, b.mxfp4, out_dtype)
+        return library.mm_reference(a.codes, a.scales, b.codes, b.scales, out_dtype)
     if config.path is GemmPath.DOT_SCALED:
         return library.mm_dot_scaled(a.codes, a.scales, b.codes, b.scales, out_dtype)
     dtype = torch.bfloat16 if out_dtype is torch.bfloat16 else torch.float32
