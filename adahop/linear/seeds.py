@@ -41,10 +41,13 @@ def _splitmix64(z: int) -> int:
     return z ^ (z >> 31)
 
 
+@torch.compiler.assume_constant_result
 def derive_seed(*parts: int) -> int:
     """A 31-bit seed mixed from integers (splitmix64 chain): neighbours give unrelated seeds.
 
-    31 bits fit every seed range the backends take (torch generators, the Triton kernels).
+    31 bits fit every seed range the backends take (torch generators, the Triton kernels). A pure
+    function of Python ints, which ``torch.compile`` calls instead of tracing: Dynamo would otherwise
+    step through every shift and multiply of the chain, for each of a layer's draws.
     """
     h = 0
     for p in parts:
