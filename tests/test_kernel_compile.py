@@ -101,7 +101,7 @@ sys.exit(kc.main({argv}))
 def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(tmp_path, decorator, fails, argv):
     """``mix.to()`` compiles for mix=7 but not for mix=1, which a launch turns into a Python int:
     a bug that passes every interpreter test. ``do_not_specialize`` fixes it; ``n`` stays specializable.
-    ``--quick`` compiles the "=1" variants to TTGIR only, and finds it as well."""
+    ``--quick`` compiles the "=1" variants to TTIR only, and finds it as well."""
     (tmp_path / "broken_kernel.py").write_text(BROKEN_KERNEL.format(decorator=decorator))
     proc = run_python(CHECK_BROKEN.format(argv=argv), path=tmp_path)
     out = proc.stdout
@@ -122,7 +122,8 @@ from adahop.harness import kernel_compile as kc
 launches = kc.record(kc.default_cases())
 every, quick = kc.variants(launches), kc.variants(launches, quick=True)
 assert every == quick, "--quick compiles other variants"
-assert {v.stage for v in every} == {"cubin"} and {v.stage for v in quick} == {"cubin", "ttgir"}
+assert {v.stage for v in every} == {"cubin"} and {v.stage for v in quick} == {"cubin", "ttgir", "ttir"}
+assert all(v.stage != "ttir" or v.ones for v in quick), "a variant of a recorded launch stops at TTIR"
 cubin = {v for v in quick if v.stage == "cubin"}
 calls, configs = defaultdict(set), defaultdict(set)
 for launch in launches:

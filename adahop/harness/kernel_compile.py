@@ -18,13 +18,13 @@ what the GPU compiles:
    down to the cubin (Triton ships ptxas).
 
 ``--quick`` (the test suite's) compiles to the cubin each launcher call at one of its configs and
-every config at least once (:func:`variants`); the other configs and the "=1" variants go through
-Triton's front end and its GPU passes to TTGIR, where an int that became a constexpr, a block shape
-or a flag that does not type-check fails. About a quarter of the default variants then reach
+every config at least once (:func:`variants`); the other configs go through Triton's front end and
+its GPU passes to TTGIR, the "=1" variants to TTIR, where an int that became a constexpr, a block
+shape or a flag that does not type-check fails. About a quarter of the default variants then reach
 LLVM and ptxas, which cost most of a compile.
 
     python -m adahop.harness.kernel_compile             # default_cases()
-    python -m adahop.harness.kernel_compile --quick     # default_cases(), the rest of the variants to TTGIR
+    python -m adahop.harness.kernel_compile --quick     # default_cases(), the rest of the variants to TTGIR or TTIR
     python -m adahop.harness.kernel_compile --full      # full_cases(): every flag combination (long, see kernels/README.md)
     python -m adahop.harness.kernel_compile --only signs
 
@@ -260,9 +260,9 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
     spread over the configs): they multiply the compiles by the number of int arguments.
 
     ``quick``: only that config of each call, and the first launch of each (kernel, config) no call
-    chose, compile to the cubin; every other variant stops at TTGIR (its ``stage``). So every flag
-    combination and every config reaches ptxas at least once, and every variant passes Triton's
-    front end.
+    chose, compile to the cubin; the other configs stop at TTGIR, the "=1" variants at TTIR (their
+    ``stage``; what an int turned constexpr breaks, the front end finds). So every flag combination
+    and every config reaches ptxas at least once, and every variant passes Triton's front end.
     """
     calls: dict[int, list[Launch]] = defaultdict(list)
     for launch in launches:
@@ -285,7 +285,7 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
             out.setdefault(specialize(pick, (name,)))
     if not quick:
         return list(out)
-    return [v if v in full else dataclasses.replace(v, stage="ttgir") for v in out]
+    return [v if v in full else dataclasses.replace(v, stage="ttir" if v.ones else "ttgir") for v in out]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,7 +558,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adahop.harness.kernel_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the cases of full_cases() (long)")
     parser.add_argument("--quick", action="store_true",
-                        help="each call at one config and each config once to the cubin, the other variants to TTGIR")
+                        help="each call at one config and each config once to the cubin, the other configs to TTGIR, "
+                             "the \"=1\" variants to TTIR")
     parser.add_argument("--only", metavar="TEXT", help="only the kernels whose name holds TEXT (e.g. signs)")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parser.add_argument("--jobs", type=int, default=cores, help="compiling processes (default: the usable cores)")
@@ -581,7 +582,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = sum(r.variant.stage != "cubin" for r in results)
     print(f"{len(results) - len(failures)} of {len(results)} variants compiled for sm_90 in "
           f"{time.perf_counter() - t0:.0f} s ({args.jobs} processes)"
-          + (f", {len(results) - partial} of them to the cubin, the others to TTGIR" if partial else ""))
+          + (f", {len(results) - partial} of them to the cubin, the others to TTGIR or TTIR" if partial else ""))
     for r in failures:
         print("FAILED " + describe_failure(r))
     return 1 if failures else 0
