@@ -447,3 +447,33 @@ def test_design_launched_profile_figures_are_the_slower_host_files():
         f"(`_fp8_reencode_kernel`, {kernels(launched[names[1]])['_fp8_reencode_kernel']:.0f} µs of the {passes[names[1]]:.0f})",
     ):
         assert want in text, f"DESIGN §6 does not say {want!r}"
+
+
+def test_design_launched_path_profile_figures_are_the_profile_and_throughput_files():
+    """DESIGN §6's account of where the launched path loses at 1b quotes its A/B files and profiles."""
+    gpu = ROOT / "results" / "throughput" / "gpu"
+    launched = json.loads((gpu / "ab" / "1b_cudagraphs_launches_caps_h100.json").read_text())
+    operators = json.loads((gpu / "ab" / "1b_cudagraphs_operators_h100.json").read_text())
+    assert launched["provenance"]["backend_env"] == {"ADAHOP_INDUCTOR_LAUNCHES": "1"}
+    assert "ADAHOP_INDUCTOR_LAUNCHES" not in (operators["provenance"].get("backend_env") or {})
+    bf16, ada = launched["records"]
+    (op,) = operators["records"]
+    text = (f"adahop ran {ada['tokens_per_s']:,.0f} against bf16's {bf16['tokens_per_s']:,.0f} tokens/s "
+            f"({ada['tokens_per_s'] / bf16['tokens_per_s']:.2f}×) again")
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+    text = f"{op['tokens_per_s']:,.0f} ({op['tokens_per_s'] / bf16['tokens_per_s']:.2f}×;"
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+    def groups(name):
+        p = kernel_ms_per_step(gpu / "profiles" / f"profile_1b_cudagraphs_{name}_h100.txt")
+        inductor = {k: ms for k, ms in p.items() if k.startswith("triton_")}
+        return (sum(ms for k, ms in p.items() if k.startswith("nvjet")), p.get("_hadamard_quantize_kernel", 0.0),
+                sum(inductor.values()), sum(ms for k, ms in inductor.items() if "silu" in k))
+
+    (lg, lq, li, ls), (og, oq, oi, os_), (_, _, bi, bs) = (
+        groups(n) for n in ("adahop_launches", "adahop_operators", "bf16_launches"))
+    text = (f"A step's GEMMs took {lg:.1f} ms against {og:.1f} ms through the operators, its quantize kernel "
+            f"{lq:.1f} ms against {oq:.1f} ms, but Inductor's own kernels {li:.1f} ms against {oi:.1f} ms "
+            f"(bf16's {bi:.1f} ms). Those that fuse the SwiGLU's SiLU alone took {ls:.1f} ms against {os_:.1f} ms "
+            f"(bf16's {bs:.1f} ms)")
+    assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
