@@ -137,8 +137,8 @@ print("cubin", len(cubin), "of", len(quick), "configs", len(configs))
 
 
 def test_quick_compiles_every_call_and_every_config_to_the_cubin():
-    """--quick keeps the variants; the ones it stops at TTGIR leave every launcher call and every
-    autotune config with a variant that reaches ptxas."""
+    """--quick keeps the variants; the ones it stops at TTGIR or TTIR leave every launcher call and
+    every autotune config with a variant that reaches ptxas."""
     proc = run_python(QUICK_COVERS)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     cubin, total = int(proc.stdout.split()[1]), int(proc.stdout.split()[3])
