@@ -579,7 +579,7 @@ def mm_dot_scaled(codes_a: torch.Tensor, scales_a: torch.Tensor, codes_b: torch.
 
 
 @mm_dot_scaled.register_fake
-def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
+def _packed_mm_fake(codes_a, scales_a, codes_b, scales_b, out_dtype):
     return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
 
 
@@ -595,9 +595,7 @@ def mm_reference(codes_a: torch.Tensor, scales_a: torch.Tensor, codes_b: torch.T
     return mxfp4_mm_ref(MXFP4Tensor(codes_a, scales_a), MXFP4Tensor(codes_b, scales_b), out_dtype)
 
 
-@mm_reference.register_fake
-def _(codes_a, scales_a, codes_b, scales_b, out_dtype):
-    return codes_a.new_empty((codes_a.shape[0], codes_b.shape[0]), dtype=out_dtype)
+mm_reference.register_fake(_packed_mm_fake)
 
 
 def fp8_mm(fa: torch.Tensor, sa: torch.Tensor, layout_a: str, fb: torch.Tensor, sb: torch.Tensor, layout_b: str,

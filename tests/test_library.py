@@ -162,6 +162,19 @@ def test_fp8_mm_opcheck_and_equal_to_the_dequantized_product(device, out_dtype):
 
 
 @pytest.mark.parametrize("device", FP8_MM_DEVICES)
+def test_mm_reference_opcheck_and_equal_to_the_reference_product(device):
+    from adahop.ops import mxfp4_mm_ref
+
+    x, w = torch.randn(64, 96, device=device), torch.randn(48, 96, device=device)
+    a = library.quantize(x, None, None, None, "packed", "", 32, "rne", "propagate", "reference")
+    b = library.quantize(w, None, None, None, "packed", "", 32, "rne", "propagate", "reference")
+    args = (a[0], a[1], b[0], b[1], torch.bfloat16)
+    torch.library.opcheck(torch.ops.adahop.mm_reference.default, args)
+    assert torch.equal(library.mm_reference(*args),
+                       mxfp4_mm_ref(MXFP4Tensor(a[0], a[1]), MXFP4Tensor(b[0], b[1]), torch.bfloat16))
+
+
+@pytest.mark.parametrize("device", FP8_MM_DEVICES)
 def test_dense_mm_and_select_rows_opcheck_and_values(device):
     a = torch.randn(64, 96, dtype=torch.bfloat16, device=device)
     b = torch.randn(48, 96, dtype=torch.bfloat16, device=device)
