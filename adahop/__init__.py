@@ -17,9 +17,18 @@ Model-level API::
         ...
     adahop.export_strategies(model)  # per-layer labels and strategies as JSON-ready data
     adahop.fix_strategies(model, {name: {"fwd": ..., "dgrad": ..., "wgrad": ...}})  # reuse a map
+    adahop.refresh_weights(model, torch.bfloat16)  # recipes with weight_cache: before compiling
 """
 
-from adahop.linear import QuantLinear, convert, eager_while_calibrating, export_strategies, fix_strategies, on_optimizer_step
+from adahop.linear import (
+    QuantLinear,
+    convert,
+    eager_while_calibrating,
+    export_strategies,
+    fix_strategies,
+    on_optimizer_step,
+    refresh_weights,
+)
 from adahop.recipes import RECIPES, Recipe, get_recipe
 
 __all__ = [
@@ -32,6 +41,7 @@ __all__ = [
     "fix_strategies",
     "get_recipe",
     "on_optimizer_step",
+    "refresh_weights",
 ]
 
 __version__ = "0.1.0"

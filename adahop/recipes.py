@@ -105,6 +105,7 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "recalibration_interval": (_INT, "an int"),
     "bf16_wgrad_input": (_STR, "a str"),
     "calibration_precision": (_STR, "a str"),
+    "weight_cache": ((bool,), "a bool"),
 }
 
 
@@ -132,6 +133,13 @@ class Recipe:
     weight_for_backward: ``"mxfp4"`` (DESIGN §1: W quantized along ``out`` in the forward and saved,
         4.25 bits per weight per layer in flight) or ``"param"`` (nothing of W saved; the backward
         re-quantizes it from the parameter: less memory, one more read of W).
+    weight_cache: quantize W once per optimizer step, not once per forward: a fixed layer keeps W's
+        GEMM operands (along ``in`` for the forward, along ``out`` for dgrad, in the FP8 form the GEMM
+        reads on Hopper) in buffers that every micro-batch of the step reads, refreshed after each
+        optimizer step (:func:`adahop.refresh_weights`). The same numerics: it needs W's
+        quantization to draw nothing (no ``random_signs`` on ``fwd`` or ``dgrad``,
+        ``saved_rounding="rne"``) and ``weight_for_backward="mxfp4"``. Costs W's operands in memory
+        between steps (about 2 bytes a weight on Hopper).
     bf16_wgrad_input: X as a ``bf16`` wgrad reads it: ``"mxfp4"`` (DESIGN §1: the plain-MXFP4 copy
         the forward saves, dequantized) or ``"bf16"`` (the forward saves X in BF16 instead, 16 bits
         per value where it saved 4.25, and the GEMM is exact up to BF16 rounding).
@@ -161,6 +169,7 @@ class Recipe:
     recalibration_interval: int = 0
     bf16_wgrad_input: str = "mxfp4"
     calibration_precision: str = "mxfp4"
+    weight_cache: bool = False
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -190,6 +199,14 @@ class Recipe:
         if self.weight_for_backward not in ("mxfp4", "param"):
             raise ValueError(f"recipe {self.name!r}: weight_for_backward must be 'mxfp4' or 'param', "
                              f"got {self.weight_for_backward!r}")
+        if self.weight_cache:
+            drawn = sorted(set(self.random_signs) & {"fwd", "dgrad"})
+            if drawn or self.saved_rounding != "rne" or self.weight_for_backward != "mxfp4":
+                why = (f"random_signs names {drawn}" if drawn else f"saved_rounding is {self.saved_rounding!r}"
+                       if self.saved_rounding != "rne" else f"weight_for_backward is {self.weight_for_backward!r}")
+                raise ValueError(f"recipe {self.name!r}: weight_cache needs W quantized without draws and saved "
+                                 f"for backward (no random_signs on fwd/dgrad, saved_rounding='rne', "
+                                 f"weight_for_backward='mxfp4'); {why}")
         if self.bf16_wgrad_input not in ("mxfp4", "bf16"):
             raise ValueError(f"recipe {self.name!r}: bf16_wgrad_input must be 'mxfp4' or 'bf16', "
                              f"got {self.bf16_wgrad_input!r}")

@@ -209,6 +209,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memory-snapshot", type=Path, metavar="DIR",
                    help="throughput on CUDA: record the allocator's history through each recipe's untimed steps "
                         "and write DIR/memory_<model>_<recipe>.pickle (open it at https://pytorch.org/memory_viz)")
+    p.add_argument("--recipe-override", action="append", default=[], metavar="FIELD=VALUE",
+                   help="a recipe field for every quantized recipe (YAML value), over the profile's "
+                        "recipe_overrides; repeatable, e.g. --recipe-override weight_cache=true")
     p.add_argument("--vocab-size", type=int, help=f"throughput without --data (default {REFERENCE_VOCAB})")
     args = p.parse_args(argv)
     for name in ("untimed_steps", "busy_steps"):
@@ -220,6 +223,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--throughput-only needs --results")
     if args.memory_snapshot is not None and not args.throughput_only:
         p.error("--memory-snapshot is for --throughput-only")
+    args.recipe_overrides = {}
+    for item in args.recipe_override:
+        field, sep, value = item.partition("=")
+        if not sep or not field:
+            p.error(f"--recipe-override takes FIELD=VALUE, got {item!r}")
+        args.recipe_overrides[field] = yaml.safe_load(value)
     return args
 
 
@@ -227,8 +236,11 @@ def resolve_config(args: argparse.Namespace, **forced: Any) -> TrainConfig:
     """Profile section ``pretrain`` (TrainConfig fields, ``compile_recipes``), then command-line
     overrides (``--compile``/``--no-compile`` win over ``compile_recipes``)."""
     profile = yaml.safe_load(Path(args.config).read_text()) or {}
+    section = profile.get("pretrain") or {}
     overrides = {k: getattr(args, k) for k in OVERRIDES if getattr(args, k) is not None}
-    return TrainConfig.from_section(profile.get("pretrain") or {}, **{**overrides, **forced})
+    if getattr(args, "recipe_overrides", None):
+        overrides["recipe_overrides"] = {**(section.get("recipe_overrides") or {}), **args.recipe_overrides}
+    return TrainConfig.from_section(section, **{**overrides, **forced})
 
 
 def run_training(args: argparse.Namespace, stop: StopOnSignal) -> None:

@@ -237,7 +237,7 @@ WRONG_TYPES = {
     "calibration_steps": 2.5, "calibration_strategy": 4, "table": 1, "detector": 3, "outlier_k": "64",
     "hadamard_size": 32.0, "random_signs": 5, "grad_rounding": 1, "saved_rounding": None, "seed": "x",
     "measure_tokens": True, "measured_margin": "0.1", "weight_for_backward": 0, "recalibration_interval": 2.0,
-    "bf16_wgrad_input": b"bf16", "calibration_precision": 16,
+    "bf16_wgrad_input": b"bf16", "calibration_precision": 16, "weight_cache": 1,
 }
 
 

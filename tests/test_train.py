@@ -804,3 +804,26 @@ def test_memory_snapshot_is_for_cuda_throughput_runs(profile, tmp_path, capsys):
     with pytest.raises(SystemExit, match="--memory-snapshot records the CUDA caching allocator; this run's device is cpu"):
         script.main([*base, "--throughput-only", "--results", str(tmp_path / "t.json")])
     assert not (tmp_path / "snap").exists() and not (tmp_path / "t.json").exists()
+
+
+def test_cli_recipe_overrides_reach_the_quantized_recipes(profile, tmp_path, capsys, monkeypatch):
+    """``--recipe-override weight_cache=true`` with gradient accumulation: every micro-batch after
+    the first reads the weights the step quantized; the record keeps the overrides it ran with."""
+    results = tmp_path / "t.json"
+    script = load_script()
+    refreshed = []
+    real = adahop.refresh_weights
+    monkeypatch.setattr(adahop, "refresh_weights", lambda model, dtype=None: refreshed.append((dtype, real(model, dtype))))
+    script.main(["--config", str(profile), "--throughput-only", "--model", "tiny", "--vocab-size", "512",
+                 "--untimed-steps", "1", "--steps", "2", "--grad-accum", "2", "--results", str(results),
+                 "--device", "cpu", "--no-progress", "--recipe", "bf16,mxfp4",
+                 "--recipe-override", "weight_cache=true", "--recipe-override", "outlier_k=32"])
+    bf16, mxfp4 = read_results(results)["records"]
+    assert mxfp4["config"]["recipe_overrides"] == {"weight_cache": True, "outlier_k": 32}
+    assert mxfp4["config"]["grad_accum"] == 2 and mxfp4["tokens_per_s"] > 0
+    # The trainer filled mxfp4's caches (each layer's) before its first step; bf16 has none.
+    assert [d for d, _ in refreshed] == [torch.float32] * 2 and refreshed[0][1] == 0 and refreshed[1][1] > 0
+    with pytest.raises(SystemExit):
+        script.main(["--config", str(profile), "--throughput-only", "--results", str(results),
+                     "--recipe-override", "weight_cache"])
+    assert "--recipe-override takes FIELD=VALUE, got 'weight_cache'" in capsys.readouterr().err

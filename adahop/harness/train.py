@@ -595,6 +595,8 @@ class Trainer:
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
         )
+        if self.recipe is not None and self.recipe.weight_cache:  # before the first (compiled) forward
+            adahop.refresh_weights(self.model, torch.bfloat16 if use_bf16 else torch.float32)
         self.flops_per_token = self.model_config.flops_per_token(cfg.seq_len)
         self.peak_flops = peak_bf16_flops(self.device)
 

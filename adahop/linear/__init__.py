@@ -18,6 +18,7 @@ from adahop.linear.convert import (
     fix_strategies,
     on_optimizer_step,
     quant_layers,
+    refresh_weights,
     strategy_fixes,
 )
 from adahop.linear.function import LayerPlan, QuantLinearFunction, SlotPlan
@@ -29,6 +30,6 @@ from adahop.linear.seeds import DrawState, derive_seed, draw_seed
 __all__ = [
     "SIBLINGS", "advance_draws", "calibrating", "DrawState", "eager_while_calibrating", "GemmConfig", "LayerPlan", "Operand", "QuantLinear", "QuantLinearFunction", "QuantSpec",
     "Quantized", "SavedTensorMeter", "SlotPlan", "Want", "convert", "derive_seed", "draw_seed", "export_strategies",
-    "fix_strategies", "on_optimizer_step", "quant_layers", "quantize", "score_strategies", "slot_specs",
+    "fix_strategies", "on_optimizer_step", "quant_layers", "quantize", "refresh_weights", "score_strategies", "slot_specs",
     "strategy_fixes", "strategy_mm", "top_rows",
 ]

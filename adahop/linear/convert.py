@@ -161,6 +161,8 @@ def _step(model: nn.Module) -> None:
     with _retrace_if_fixed_changes(layers):
         for layer in layers:
             layer.on_optimizer_step()
+    for layer in layers:  # the step's new weights, and layers just fixed
+        layer.refresh_weight_cache()
 
 
 @contextlib.contextmanager
@@ -212,6 +214,21 @@ def advance_draws(model: nn.Module) -> None:
     (gradient accumulation), or they round alike. Done by :func:`on_optimizer_step` after a step."""
     for _, layer in quant_layers(model):
         layer.advance_draws()
+        layer.refresh_weight_cache()  # a no-op unless the weight changed
+
+
+def refresh_weights(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+    """Fill or refresh the weight cache of every QuantLinear whose recipe has ``weight_cache`` (and
+    is fixed) from its current weight; the number of layers re-quantized (unchanged ones are not).
+
+    ``dtype``: the dtype the forward computes in (``torch.bfloat16`` under bf16 autocast), by
+    default each layer's last eager one. Call it once before the first compiled forward, and after
+    changing weights in place outside an optimizer step; the optimizer hook of :func:`convert`,
+    :func:`on_optimizer_step` and :func:`advance_draws` call it themselves.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return sum(layer.refresh_weight_cache(dtype) for _, layer in quant_layers(model))
 
 
 def on_optimizer_step(model: nn.Module) -> None:

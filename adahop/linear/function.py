@@ -55,6 +55,7 @@ class LayerPlan:
     need_backward: bool
     gemm: GemmConfig
     weight_from_param: bool = False
+    weight_cached: bool = False
 
     def slot(self, name: str) -> SlotPlan:
         return getattr(self, name)
@@ -64,12 +65,36 @@ class LayerPlan:
         return {s: self.slot(s).strategy for s in SLOTS}
 
 
-def _q_fields(q: Quantized | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    return (None, None) if q is None else (q.codes, q.scales)
+CACHE_FIELDS = ("codes", "scales", "fp8", "fp8_scale", "amax")
 
 
-def _q(codes: torch.Tensor | None, scales: torch.Tensor | None) -> Quantized | None:
-    return None if codes is None else Quantized(codes, scales)
+def _q_fields(q: Quantized | None) -> tuple[torch.Tensor | None, ...]:
+    """The tensors of ``q`` that a backward or a weight cache keeps (:data:`CACHE_FIELDS`)."""
+    return (None,) * len(CACHE_FIELDS) if q is None else tuple(getattr(q, f) for f in CACHE_FIELDS)
+
+
+def _q(codes: torch.Tensor | None, scales: torch.Tensor | None, fp8: torch.Tensor | None = None,
+       fp8_scale: torch.Tensor | None = None, amax: torch.Tensor | None = None,
+       layout: str | None = None) -> Quantized | None:
+    if codes is None and fp8 is None:
+        return None
+    return Quantized(codes, scales, fp8, fp8_scale, layout if fp8 is not None else None, amax)
+
+
+def weight_operands(w: torch.Tensor, plan: LayerPlan, counter: torch.Tensor) -> tuple[Quantized | None, Quantized | None]:
+    """W ``(out, in)`` quantized as the forward of ``plan`` needs it: along ``in`` for the forward GEMM
+    and along ``out`` (Wᵀ) for dgrad, from one read. Wᵀ is in the FP8 form dgrad reads where the
+    plan caches W (:attr:`LayerPlan.weight_cached`), packed MXFP4 (4.25 bits) where the forward saves
+    it for its own backward."""
+    fwd, dgrad, g = plan.fwd, plan.dgrad, plan.gemm
+    cached = plan.weight_cached
+    keep_w = dgrad.b if (plan.need_backward or cached) and not plan.weight_from_param else None
+    oe_w = dgrad.strategy is Strategy.IHT_OE_RIGHT and (plan.need_backward or cached)
+    want_t = g.want(dgrad.layout_b, oe_w) if cached else Want(True, None, oe_w)
+    if fwd.strategy.quantized:
+        return quantize_pair(w, fwd.b, keep_w, g.want(fwd.layout_b, fwd.strategy is Strategy.IHT_OE_RIGHT),
+                             want_t, counter, g.backend)
+    return None, quantize_pair(w, None, keep_w, None, want_t, counter, g.backend)[1]
 
 
 def _pair(idx: torch.Tensor | None, rows: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -90,15 +115,17 @@ class QuantLinearFunction(torch.autograd.Function):
 
     ``w_param``: the weight parameter (W may be autocast's cast of it), read again by the backward
     under ``weight_from_param``. ``observer``: None, or (eager calibration only) the layer that
-    receives the backward's ``grad_output`` observations.
+    receives the backward's ``grad_output`` observations. ``w_cache``: under ``plan.weight_cached``,
+    the tensors of :func:`weight_operands` (W's and Wᵀ's :data:`CACHE_FIELDS`), which the forward
+    reads instead of quantizing W.
     """
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, w: torch.Tensor, w_param: torch.Tensor | None, counter: torch.Tensor, plan: LayerPlan, observer: Any = None) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, w: torch.Tensor, w_param: torch.Tensor | None, counter: torch.Tensor,
+                plan: LayerPlan, observer: Any = None, *w_cache: torch.Tensor | None) -> torch.Tensor:
         fwd, dgrad, wgrad = plan.fwd, plan.dgrad, plan.wgrad
         g, k = plan.gemm, plan.k
         keep_x = wgrad.b if plan.need_backward else None
-        keep_w = dgrad.b if plan.need_backward and not plan.weight_from_param else None
         oe_x = plan.need_backward and wgrad.strategy is Strategy.IHT_OE_RIGHT
         oe_w = plan.need_backward and dgrad.strategy is Strategy.IHT_OE_RIGHT
         # HOT's buffer compression: X kept in INT8, projected along tokens (not for the hot-int8 ablation).
@@ -107,12 +134,15 @@ class QuantLinearFunction(torch.autograd.Function):
         if fwd.strategy.quantized:
             xq, xq_t = quantize_pair(x, fwd.a, keep_x, g.want(fwd.layout_a, fwd.strategy is Strategy.IHT_OE_LEFT),
                                      Want(True, None, oe_x), counter, g.backend)
-            wq, wq_t = quantize_pair(w, fwd.b, keep_w, g.want(fwd.layout_b, fwd.strategy is Strategy.IHT_OE_RIGHT),
-                                     Want(True, None, oe_w), counter, g.backend)
         else:
-            xq = wq = None
+            xq = None
             xq_t = quantize_pair(x, None, keep_x, None, Want(True, None, oe_x), counter, g.backend)[1]
-            wq_t = quantize_pair(w, None, keep_w, None, Want(True, None, oe_w), counter, g.backend)[1]
+        if plan.weight_cached:
+            n = len(CACHE_FIELDS)
+            wq = _q(*w_cache[:n], layout=fwd.layout_b)
+            wq_t = _q(*w_cache[n:], layout=dgrad.layout_b) if plan.need_backward else None
+        else:
+            wq, wq_t = weight_operands(w, plan, counter)
         a = Operand(x, q=xq)
         b = Operand(w, q=wq)
         if fwd.strategy is Strategy.IHT_OE_LEFT:
@@ -130,9 +160,11 @@ class QuantLinearFunction(torch.autograd.Function):
         w_full = w if needs_w and not plan.weight_from_param else None
         # A BF16 wgrad without a spec for X (bf16_wgrad_input="bf16") reads X as it is.
         x_full = x if wgrad.strategy is Strategy.BF16 and keep_x is None else None
-        ctx.save_for_backward(*_q_fields(xq_t), *_q_fields(wq_t), w_full, x_full, *x_out, *w_out,
+        # The row maxima served the outlier selection above; the backward needs none.
+        ctx.save_for_backward(*_q_fields(xq_t)[:-1], None, *_q_fields(wq_t)[:-1], None, w_full, x_full, *x_out, *w_out,
                               *((xc.values, xc.scale) if xc is not None else (None, None)), w_param, counter.clone())
         ctx.plan, ctx.w_dtype, ctx.device_type = plan, w.dtype, x.device.type
+        ctx.n_cache = len(w_cache)
         ctx.observer = observer
         if measuring:
             ctx.x_sample = x[observer.sample_idx]
@@ -143,8 +175,10 @@ class QuantLinearFunction(torch.autograd.Function):
         plan = ctx.plan
         dgrad, wgrad = plan.dgrad, plan.wgrad
         g_cfg, k = plan.gemm, plan.k
-        (xc, xs, wc, ws, w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, x_int, x_int_scale, w_param,
-         counter) = ctx.saved_tensors
+        n = len(CACHE_FIELDS)
+        saved = ctx.saved_tensors
+        xq_t, wq_t = _q(*saved[:n]), _q(*saved[n:2 * n], layout=dgrad.layout_b)
+        (w_full, x_full, xo_idx, xo_rows, wo_idx, wo_rows, x_int, x_int_scale, w_param, counter) = saved[2 * n:]
         g = gy.contiguous()
         if plan.weight_from_param:  # W again, in the forward's dtype
             w_full = w_param.detach().to(ctx.w_dtype)
@@ -165,7 +199,7 @@ class QuantLinearFunction(torch.autograd.Function):
                 a = Operand(g, dgrad.a if dgrad.strategy.hot else None, q=gq)
                 if dgrad.strategy is Strategy.IHT_OE_LEFT:
                     a.outliers = top_rows(g, k, g_cfg.backend, _amax(gq))
-                b = Operand(w_full, dgrad.b, transpose=True, q=_q(wc, ws), outliers=_pair(wo_idx, wo_rows))
+                b = Operand(w_full, dgrad.b, transpose=True, q=wq_t, outliers=_pair(wo_idx, wo_rows))
                 dx = strategy_mm(dgrad.strategy, a, b, k=k, out_dtype=g.dtype, config=g_cfg, counter=counter)
             if ctx.needs_input_grad[1]:
                 a = Operand(g, wgrad.a if wgrad.strategy.hot else None, transpose=True, q=gq_t)
@@ -174,14 +208,13 @@ class QuantLinearFunction(torch.autograd.Function):
                 elif x_int is not None:
                     b = Operand(None, q=hot.IntTensor(x_int, x_int_scale))
                 else:
-                    xq_t = _q(xc, xs)
                     x_src = None
                     if wgrad.strategy is Strategy.BF16:
                         from adahop import library
 
-                        x_src = library.dequantize(xc, xs, g.dtype, g_cfg.backend)
+                        x_src = library.dequantize(xq_t.codes, xq_t.scales, g.dtype, g_cfg.backend)
                     b = Operand(x_src, q=xq_t, outliers=_pair(xo_idx, xo_rows))
                 dw = strategy_mm(wgrad.strategy, a, b, k=k, out_dtype=ctx.w_dtype, config=g_cfg, counter=counter)
             if ctx.observer is not None:
                 ctx.observer.observe_backward(g, w_full, getattr(ctx, "x_sample", None), counter)
-        return dx, dw, None, None, None, None
+        return (dx, dw, None, None, None, None) + (None,) * ctx.n_cache

@@ -21,6 +21,15 @@ Draws: every SR draw and random-sign vector has its own seed from (run seed, lay
 GEMM, operand) and the draw counter, an int64 device tensor advanced after every optimizer step
 (and between micro-batches by :func:`adahop.linear.advance_draws`), outside any compiled graph
 (:mod:`adahop.linear.seeds`), so runs are reproducible and no two steps share a seed.
+
+Weight cache (``recipe.weight_cache``): a fixed layer quantizes W once per optimizer step into
+buffers (:meth:`QuantLinear.refresh_weight_cache`) that every forward of the step reads. Eagerly the
+layer refreshes them itself whenever the weight changed (its version counter) or the compute dtype
+did. A compiled graph cannot read a version counter, so there the buffers are refreshed between
+graphs: after each optimizer step and load, by :func:`adahop.refresh_weights` (which the optimizer
+hook of :func:`adahop.convert`, :func:`adahop.on_optimizer_step` and
+:func:`adahop.linear.advance_draws` call). A weight changed in place any other way must be followed
+by :func:`adahop.refresh_weights` before the next compiled forward.
 """
 
 from __future__ import annotations
@@ -35,7 +44,7 @@ from torch import nn
 
 from adahop import hot
 from adahop.backend import resolve_backend
-from adahop.linear.function import LayerPlan, QuantLinearFunction, SlotPlan
+from adahop.linear.function import CACHE_FIELDS, LayerPlan, QuantLinearFunction, SlotPlan, _q_fields, weight_operands
 from adahop.linear.gemm import GemmConfig, Operand, score_strategies, slot_specs
 from adahop.linear.seeds import DrawState, derive_seed, draw_seed
 from adahop.policy import (
@@ -55,6 +64,8 @@ from adahop.recipes import Recipe, get_recipe, recipe_from_dict
 EXTRA_STATE_VERSION = 2
 _INPUT_GROUP = 1 << 40  # keeps input-group salts apart from layer salts
 _LQS_DRAWS = 0x105  # salts the draws of HOT's quantizer selection apart from the GEMMs' draws
+# Buffers of the weight cache: W's then Wᵀ's CACHE_FIELDS.
+_CACHE_BUFFERS = tuple(f"w_cache_{side}_{f}" for side in ("in", "out") for f in CACHE_FIELDS)
 
 
 def _gemm_config(device: torch.device, backend: str) -> GemmConfig:
@@ -133,6 +144,15 @@ class QuantLinear(nn.Linear):
         self.bumps_draws = True  # this layer advances the draw counter (convert: the model's first layer only)
         self._plans: dict[tuple, LayerPlan] = {}
         self.register_load_state_dict_pre_hook(_warn_if_state_missing)
+        for name in _CACHE_BUFFERS:
+            self.register_buffer(name, None, persistent=False)
+        # The weight cache's key (eager checks only: never read under torch.compile, whose guards
+        # would fail at every step on the version it holds), whether it is filled, and its dtype.
+        self._w_cache_key: tuple | None = None
+        self._w_cache_ready = False
+        self._w_cache_dtype: torch.dtype | None = None
+        self._compute_dtype: torch.dtype | None = None  # of the last eager forward
+        self.register_load_state_dict_post_hook(_refresh_after_load)
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, recipe: str | Recipe, layer_id: int = 0, **overrides: Any) -> "QuantLinear":
@@ -186,7 +206,7 @@ class QuantLinear(nn.Linear):
             la, lb = gemm.layouts(m, n, k, dtype) if s.mxfp4 else (None, None)
             slots[slot] = SlotPlan(s, a, b, la, lb)
         return LayerPlan(slots["fwd"], slots["dgrad"], slots["wgrad"], self.recipe.outlier_k, need_backward, gemm,
-                         self.recipe.weight_for_backward == "param")
+                         self.recipe.weight_for_backward == "param", self.recipe.weight_cache and self.phase == "fixed")
 
     def _plan(self, tokens: int, dtype: torch.dtype, device: torch.device, need_backward: bool) -> LayerPlan:
         if torch.compiler.is_compiling():
@@ -236,6 +256,8 @@ class QuantLinear(nn.Linear):
             b = b.to(dt) if b is not None else None
         elif x.dtype != w.dtype:
             raise ValueError(f"input dtype {x.dtype} differs from weight dtype {w.dtype}; cast one or use torch.autocast")
+        if self.recipe.weight_cache and not torch.compiler.is_compiling():
+            self._compute_dtype = x.dtype  # what a refresh after this layer's fix quantizes W from
         lead = x.shape[:-1]
         x2d = x.reshape(-1, self.in_features).contiguous()
         tokens = x2d.shape[0]
@@ -246,12 +268,64 @@ class QuantLinear(nn.Linear):
             y = self._calibrating_forward(x2d, xp, w)
         else:
             plan = self._plan(xp.shape[0], xp.dtype, xp.device, need_backward)
+            cache = self._weight_cache(xp.dtype) if plan.weight_cached else ()
             with torch.autocast(device_type, enabled=False):
-                y = QuantLinearFunction.apply(xp, w, self._w_param(plan), self.draw_state.value, plan, None)
+                y = QuantLinearFunction.apply(xp, w, self._w_param(plan), self.draw_state.value, plan, None, *cache)
         # Slice only when padded: a no-op slice still costs a zero-filled gradient and a copy in backward.
         y = y[:tokens] if pad else y
         # The bias outside the Function: autograd adds it and sums its gradient (see QuantLinearFunction).
         return (y if b is None else y + b).reshape(*lead, self.out_features)
+
+    # -- the weight cache (recipe.weight_cache)
+
+    def _weight_cache(self, dtype: torch.dtype) -> tuple[torch.Tensor | None, ...]:
+        if torch.compiler.is_compiling():
+            if not self._w_cache_ready or self._w_cache_dtype != dtype:
+                have = "is empty" if not self._w_cache_ready else f"holds W quantized from {self._w_cache_dtype}"
+                raise RuntimeError(
+                    f"QuantLinear({self.in_features}→{self.out_features}): its weight cache {have}, and a compiled "
+                    f"forward in {dtype} cannot refresh it; call adahop.refresh_weights(model, dtype={dtype}) before "
+                    f"the first compiled forward (and after changing weights outside an optimizer step)")
+        else:
+            self.refresh_weight_cache(dtype)
+        return tuple(self._buffers[name] for name in _CACHE_BUFFERS)
+
+    def _weight_cache_key(self, dtype: torch.dtype) -> tuple:
+        w, plan = self.weight, self.build_plan(128, dtype, self.weight.device, True)
+        return (w._version, w.data_ptr(), w.device, dtype, plan.fwd, plan.dgrad, plan.gemm)
+
+    @torch.no_grad()
+    def refresh_weight_cache(self, dtype: torch.dtype | None = None) -> bool:
+        """Quantize W into the weight cache if it changed since the cache was filled; whether it did.
+
+        ``dtype``: the compute dtype the forward casts W to (autocast's), by default the one of the
+        last eager forward, else the cache's, else the weight's. Does nothing unless the recipe has
+        ``weight_cache`` and the layer is fixed. Buffers of unchanged shapes are overwritten in place,
+        so compiled graphs and CUDA graphs that read them see the new values.
+        """
+        if not self.recipe.weight_cache or self.phase != "fixed":
+            return False
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
+        dtype = dtype or self._compute_dtype or self._w_cache_dtype or self.weight.dtype
+        if torch.distributed.is_available() and isinstance(self.weight, torch.distributed.tensor.DTensor):
+            raise NotImplementedError("weight_cache needs the whole weight on each rank; under FSDP2 (sharded DTensor "
+                                      "weights) use a recipe without weight_cache")
+        key = self._weight_cache_key(dtype)
+        if key == self._w_cache_key:
+            return False
+        plan = self.build_plan(128, dtype, self.weight.device, True)
+        w = self.weight.detach().to(dtype)
+        wq, wq_t = weight_operands(w, plan, self.draw_state.value)
+        for name, t in zip(_CACHE_BUFFERS, _q_fields(wq) + _q_fields(wq_t)):
+            old = self._buffers[name]
+            if (t is not None and old is not None and (old.shape, old.stride(), old.dtype, old.device)
+                    == (t.shape, t.stride(), t.dtype, t.device)):
+                old.copy_(t)
+            else:
+                self._buffers[name] = t
+        self._w_cache_key, self._w_cache_ready, self._w_cache_dtype = key, True, dtype
+        return True
 
     def _w_param(self, plan: LayerPlan) -> torch.Tensor | None:
         # Passed only where the backward re-reads it: the Function takes no tensor twice (Dynamo).
@@ -448,6 +522,12 @@ class QuantLinear(nn.Linear):
     def extra_repr(self) -> str:
         strat = strategies_to_dict(self.strategies) if self.strategies else "calibrating"
         return f"{super().extra_repr()}, recipe={self.recipe.name}, strategies={strat}"
+
+
+def _refresh_after_load(module: "QuantLinear", incompatible_keys: Any) -> None:
+    # A loaded weight (copied in place) or strategies: the cache refreshes now if it was in use.
+    if module._w_cache_ready:
+        module.refresh_weight_cache()
 
 
 def _warn_if_state_missing(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
