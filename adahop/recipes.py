@@ -136,7 +136,7 @@ class Recipe:
     weight_cache: quantize W once per optimizer step, not once per forward: a fixed layer keeps W's
         GEMM operands (along ``in`` for the forward, along ``out`` for dgrad, in the FP8 form the GEMM
         reads on Hopper) in buffers that every micro-batch of the step reads, refreshed after each
-        optimizer step (:func:`adahop.refresh_weights`). The same numerics: it needs W's
+        optimizer step and load (see :func:`adahop.refresh_weights` for weights changed otherwise). The same numerics: it needs W's
         quantization to draw nothing (no ``random_signs`` on ``fwd`` or ``dgrad``,
         ``saved_rounding="rne"``) and ``weight_for_backward="mxfp4"``. Costs W's operands in memory
         between steps (about 2 bytes a weight on Hopper).

@@ -161,8 +161,8 @@ def _step(model: nn.Module) -> None:
     with _retrace_if_fixed_changes(layers):
         for layer in layers:
             layer.on_optimizer_step()
-    for layer in layers:  # the step's new weights, and layers just fixed
-        layer.refresh_weight_cache()
+    for layer in layers:  # the step's new weights (fused optimizers leave no version mark), layers just fixed
+        layer.refresh_weight_cache(force=True)
 
 
 @contextlib.contextmanager
@@ -217,18 +217,20 @@ def advance_draws(model: nn.Module) -> None:
         layer.refresh_weight_cache()  # a no-op unless the weight changed
 
 
-def refresh_weights(model: nn.Module, dtype: torch.dtype | None = None) -> int:
+def refresh_weights(model: nn.Module, dtype: torch.dtype | None = None, force: bool = False) -> int:
     """Fill or refresh the weight cache of every QuantLinear whose recipe has ``weight_cache`` (and
-    is fixed) from its current weight; the number of layers re-quantized (unchanged ones are not).
+    is fixed) from its current weight; the number of layers re-quantized.
 
-    ``dtype``: the dtype the forward computes in (``torch.bfloat16`` under bf16 autocast), by
-    default each layer's last eager one. Call it once before the first compiled forward, and after
-    changing weights in place outside an optimizer step; the optimizer hook of :func:`convert`,
-    :func:`on_optimizer_step` and :func:`advance_draws` call it themselves.
+    Unchanged layers are skipped unless ``force``: a change is seen through the weight's version
+    counter, which fused optimizers do not advance. ``dtype``: the dtype the forward computes in
+    (``torch.bfloat16`` under bf16 autocast), by default each layer's last eager one. Call it once
+    before the first compiled forward, and after changing weights in place outside an optimizer step
+    (with ``force`` if a fused kernel changed them); the optimizer hook of :func:`convert` and
+    :func:`on_optimizer_step` refresh every cache themselves.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    return sum(layer.refresh_weight_cache(dtype) for _, layer in quant_layers(model))
+    return sum(layer.refresh_weight_cache(dtype, force) for _, layer in quant_layers(model))
 
 
 def on_optimizer_step(model: nn.Module) -> None:

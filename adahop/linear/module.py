@@ -23,13 +23,12 @@ GEMM, operand) and the draw counter, an int64 device tensor advanced after every
 (:mod:`adahop.linear.seeds`), so runs are reproducible and no two steps share a seed.
 
 Weight cache (``recipe.weight_cache``): a fixed layer quantizes W once per optimizer step into
-buffers (:meth:`QuantLinear.refresh_weight_cache`) that every forward of the step reads. Eagerly the
-layer refreshes them itself whenever the weight changed (its version counter) or the compute dtype
-did. A compiled graph cannot read a version counter, so there the buffers are refreshed between
-graphs: after each optimizer step and load, by :func:`adahop.refresh_weights` (which the optimizer
-hook of :func:`adahop.convert`, :func:`adahop.on_optimizer_step` and
-:func:`adahop.linear.advance_draws` call). A weight changed in place any other way must be followed
-by :func:`adahop.refresh_weights` before the next compiled forward.
+buffers (:meth:`QuantLinear.refresh_weight_cache`) that every forward of the step reads. The
+optimizer step refreshes them (the optimizer hook of :func:`adahop.convert`, or
+:func:`adahop.on_optimizer_step`), as does loading a state dict. Eagerly the layer also refreshes
+them whenever the weight's version counter or the compute dtype changed. A compiled graph cannot
+read a version counter, and fused optimizers do not advance it: a weight changed in place outside an
+optimizer step must be followed by :func:`adahop.refresh_weights` before the next compiled forward.
 """
 
 from __future__ import annotations
@@ -295,13 +294,16 @@ class QuantLinear(nn.Linear):
         return (w._version, w.data_ptr(), w.device, dtype, plan.fwd, plan.dgrad, plan.gemm)
 
     @torch.no_grad()
-    def refresh_weight_cache(self, dtype: torch.dtype | None = None) -> bool:
-        """Quantize W into the weight cache if it changed since the cache was filled; whether it did.
+    def refresh_weight_cache(self, dtype: torch.dtype | None = None, force: bool = False) -> bool:
+        """Quantize W into the weight cache if it may have changed since the cache was filled (or
+        with ``force``); whether it did.
 
         ``dtype``: the compute dtype the forward casts W to (autocast's), by default the one of the
         last eager forward, else the cache's, else the weight's. Does nothing unless the recipe has
         ``weight_cache`` and the layer is fixed. Buffers of unchanged shapes are overwritten in place,
-        so compiled graphs and CUDA graphs that read them see the new values.
+        so compiled graphs and CUDA graphs that read them see the new values. Without ``force``, a
+        change is seen through the weight's version counter, which in-place PyTorch ops advance and
+        fused optimizers (``torch.optim.AdamW(fused=True)``) do not: the optimizer step forces it.
         """
         if not self.recipe.weight_cache or self.phase != "fixed":
             return False
@@ -312,7 +314,7 @@ class QuantLinear(nn.Linear):
             raise NotImplementedError("weight_cache needs the whole weight on each rank; under FSDP2 (sharded DTensor "
                                       "weights) use a recipe without weight_cache")
         key = self._weight_cache_key(dtype)
-        if key == self._w_cache_key:
+        if key == self._w_cache_key and not force:
             return False
         plan = self.build_plan(128, dtype, self.weight.device, True)
         w = self.weight.detach().to(dtype)
@@ -527,7 +529,7 @@ class QuantLinear(nn.Linear):
 def _refresh_after_load(module: "QuantLinear", incompatible_keys: Any) -> None:
     # A loaded weight (copied in place) or strategies: the cache refreshes now if it was in use.
     if module._w_cache_ready:
-        module.refresh_weight_cache()
+        module.refresh_weight_cache(force=True)
 
 
 def _warn_if_state_missing(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
