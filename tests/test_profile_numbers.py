@@ -477,3 +477,42 @@ def test_design_launched_path_profile_figures_are_the_profile_and_throughput_fil
             f"(bf16's {bi:.1f} ms). Those that fuse the SwiGLU's SiLU alone took {ls:.1f} ms against {os_:.1f} ms "
             f"(bf16's {bs:.1f} ms)")
     assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
+
+
+def test_design_weight_cache_figures_are_the_layer_and_throughput_files():
+    gpu = ROOT / "results" / "throughput" / "gpu"
+    text = prose(DESIGN)
+    layers = json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-cached-w-h100.json").read_text())
+    # test ids: test_layer_fwd_bwd[<variant>-<shape name>]
+    speedup = {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r["speedup_vs_bf16"]
+               for r in layers["records"]}
+
+    def ratios(variant: str, shapes: list[str]) -> str:
+        cells = [f"{speedup[(variant, s)]:.2f}×" for s in shapes]
+        return ", ".join(cells[:-1]) + f" and {cells[-1]}"
+
+    big = ["llama3-8b-q/o", "llama3-8b-k/v", "llama3-8b-gate/up", "llama3-8b-down"]
+    small = ["ours-125m-attn-64k", "ours-125m-gate/up-64k", "ours-125m-down-64k"]
+    assert (f"W ran forward + backward at {ratios('iht-cached-w', big)} `nn.Linear` bf16 at the Llama-3 8B q/o, k/v, "
+            f"gate/up and down shapes, against {ratios('iht', big)} for `iht`; at the 125m model's three shapes "
+            f"{ratios('iht-cached-w', small)} against {ratios('iht', small)}.") in text
+
+    def recipes(path: Path) -> dict[str, dict]:
+        return {r["recipe"]: r for r in json.loads(path.read_text())["records"] if r.get("tokens_per_s")}
+
+    stale = {size: recipes(gpu / "ab" / f"{size}_cudagraphs_stale-weight-cache_h100.json") for size in ("125m", "1b", "3b")}
+    others = {}
+    for size in ("1b", "3b"):
+        losses = [r["final_loss"] for f in sorted(gpu.glob(f"**/{size}_cudagraphs*.json")) if "stale" not in f.name
+                  for name, r in recipes(f).items() if name in ("bf16", "adahop")]
+        others[size] = f"{min(losses):.3f} to {max(losses):.3f}"
+    assert (f"Those runs ended at losses of {stale['1b']['adahop']['final_loss']:.3f} at 1b and "
+            f"{stale['3b']['adahop']['final_loss']:.3f} at 3b, against {others['1b']} and {others['3b']} for adahop's "
+            f"and bf16's other runs of these sizes") in text
+    bound = {s: r["adahop"]["tokens_per_s"] / r["bf16"]["tokens_per_s"] for s, r in stale.items()}
+    assert f"{bound['1b']:.2f}× bf16 at 1b, {bound['3b']:.2f}× at 3b and {bound['125m']:.2f}× at 125m" in text
+    accum = recipes(gpu / "ab" / "1b_compile_accum4_h100.json")
+    assert all(r["config"]["grad_accum"] == 4 and r["compile_mode"] == "default" for r in accum.values())
+    assert (f"adahop ran {accum['adahop']['tokens_per_s'] / accum['bf16']['tokens_per_s']:.2f}× bf16 at 1b "
+            f"(`ab/1b_compile_accum4_h100.json`, GPU busy {accum['adahop']['gpu_busy']['busy_fraction']:.0%} of wall "
+            f"time against {accum['bf16']['gpu_busy']['busy_fraction']:.0%})") in text
