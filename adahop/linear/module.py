@@ -43,6 +43,7 @@ from torch import nn
 
 from adahop import hot
 from adahop.backend import resolve_backend
+from adahop.formats import FP8_GROUP
 from adahop.linear.function import CACHE_FIELDS, LayerPlan, QuantLinearFunction, SlotPlan, _q_fields, weight_operands
 from adahop.linear.gemm import GemmConfig, Operand, score_strategies, slot_specs
 from adahop.linear.seeds import DrawState, derive_seed, draw_seed
@@ -289,8 +290,12 @@ class QuantLinear(nn.Linear):
             self.refresh_weight_cache(dtype)
         return tuple(self._buffers[name] for name in _CACHE_BUFFERS)
 
-    def _weight_cache_key(self, dtype: torch.dtype) -> tuple:
-        w, plan = self.weight, self.build_plan(128, dtype, self.weight.device, True)
+    def _weight_cache_plan(self, dtype: torch.dtype) -> LayerPlan:
+        # W's operands depend on neither the token count nor the autocast state: any cached plan serves.
+        return self._plan(FP8_GROUP, dtype, self.weight.device, True)
+
+    def _weight_cache_key(self, dtype: torch.dtype, plan: LayerPlan) -> tuple:
+        w = self.weight
         return (w._version, w.data_ptr(), w.device, dtype, plan.fwd, plan.dgrad, plan.gemm)
 
     @torch.no_grad()
@@ -313,10 +318,10 @@ class QuantLinear(nn.Linear):
         if torch.distributed.is_available() and isinstance(self.weight, torch.distributed.tensor.DTensor):
             raise NotImplementedError("weight_cache needs the whole weight on each rank; under FSDP2 (sharded DTensor "
                                       "weights) use a recipe without weight_cache")
-        key = self._weight_cache_key(dtype)
+        plan = self._weight_cache_plan(dtype)
+        key = self._weight_cache_key(dtype, plan)
         if key == self._w_cache_key and not force:
             return False
-        plan = self.build_plan(128, dtype, self.weight.device, True)
         w = self.weight.detach().to(dtype)
         wq, wq_t = weight_operands(w, plan, self.draw_state.value)
         for name, t in zip(_CACHE_BUFFERS, _q_fields(wq) + _q_fields(wq_t)):
