@@ -133,6 +133,20 @@ def test_a_weight_changed_in_place_is_requantized_by_the_eager_forward():
     assert torch.equal(cached(x), plain(x))
 
 
+def test_a_cache_filled_under_inference_mode_refreshes_outside_it():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(128, 256)
+    cached = adahop.convert(copy.deepcopy(linear), "uniform-iht", weight_cache=True)
+    plain = adahop.convert(copy.deepcopy(linear), "uniform-iht")
+    x = torch.randn(64, 128)
+    with torch.inference_mode():
+        cached(x)
+    with torch.no_grad():
+        for layer in (cached, plain):
+            layer.weight.mul_(2.0)
+    assert torch.equal(cached(x), plain(x))
+
+
 def test_compiled_cached_model_is_one_graph_and_trains_as_eager():
     """One graph for every micro-batch and step: the cache is a set of buffers that the optimizer
     hook overwrites in place between steps (the compiled graph sees the new values)."""

@@ -326,7 +326,9 @@ class QuantLinear(nn.Linear):
         wq, wq_t = weight_operands(w, plan, self.draw_state.value)
         for name, t in zip(_CACHE_BUFFERS, _q_fields(wq) + _q_fields(wq_t)):
             old = self._buffers[name]
-            if (t is not None and old is not None and (old.shape, old.stride(), old.dtype, old.device)
+            # An inference tensor (filled under torch.inference_mode) takes no in-place write outside it.
+            writable = old is not None and (torch.is_inference_mode_enabled() or not old.is_inference())
+            if (t is not None and writable and (old.shape, old.stride(), old.dtype, old.device)
                     == (t.shape, t.stride(), t.dtype, t.device)):
                 old.copy_(t)
             else:
