@@ -342,6 +342,8 @@ RECIPES: dict[str, Recipe] = {
                 "table", bf16_wgrad_input="bf16"),
         _policy("adahop-bf16-cal", "ablation: AdaHOP calibrating in BF16 (unquantized GEMMs while it observes)",
                 "table", calibration_precision="bf16"),
+        _policy("adahop-cached-w", "AdaHOP quantizing W once per optimizer step (weight_cache): the same numerics, "
+                "W's FP8 operands kept between steps", "table", weight_cache=True),
     )
 }
 

@@ -112,11 +112,13 @@ def recipe_order(present: Iterable[str]) -> list[str]:
 # Colour-blind palette entries by recipe: AdaHOP the strongest (vermillion), far from mxfp4's
 # orange (registry order gave it the tan next to that orange); its variants in the light colours.
 # The palette's ten are taken; the eleventh is near-black, the twelfth and thirteenth dark blue-grey
-# and olive, the fourteenth (hot's ablation) a lighter blue-grey. A new recipe draws mid grey until it
-# is given one (a test wants them distinct).
+# and olive, the fourteenth (hot's ablation) a lighter blue-grey, the fifteenth (adahop with its
+# weights cached) a light vermillion. A new recipe draws mid grey until it is given one (a test wants
+# them distinct).
 _RECIPE_COLOURS = {"bf16": 0, "mxfp4": 1, "uniform-iht": 2, "tseng": 7, "quartet-style": 4, "adahop": 3,
                    "adahop-measured": 6, "adahop-no-oe": 9, "adahop-no-bf16": 8, "adahop-recal": 5,
-                   "adahop-exact-bf16": 10, "hot": 11, "adahop-bf16-cal": 12, "hot-no-lowrank": 13}
+                   "adahop-exact-bf16": 10, "hot": 11, "adahop-bf16-cal": 12, "hot-no-lowrank": 13,
+                   "adahop-cached-w": 14}
 
 
 def recipe_palette() -> dict[str, Any]:
@@ -124,7 +126,7 @@ def recipe_palette() -> dict[str, Any]:
     from adahop.recipes import RECIPES
 
     colours = [*sns.color_palette("colorblind", 10), (0.15, 0.15, 0.15), (0.2, 0.3, 0.45), (0.5, 0.5, 0.1),
-               (0.55, 0.65, 0.8)]
+               (0.55, 0.65, 0.8), (0.95, 0.6, 0.45)]
     return {r: colours[_RECIPE_COLOURS[r]] if r in _RECIPE_COLOURS else "0.4" for r in RECIPES}
 
 

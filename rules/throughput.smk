@@ -40,6 +40,7 @@ THROUGHPUT_ARGS = {
         "--compile" if run["compile"] else "--no-compile",
         *([f"--compile-mode {run['compile_mode']}"] if run.get("compile_mode") else []),
         f"--batch-size {run['batch_size']} --seq-len {run['seq_len']}",
+        *([f"--grad-accum {run['grad_accum']}"] if run.get("grad_accum") else []),
         f"--steps {run['steps']} --untimed-steps {run['untimed_steps']}",
         f"--vocab-size {config['corpus']['vocab_size']}",
         *(["--fsdp"] if run.get("fsdp") else []),
