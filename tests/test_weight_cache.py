@@ -147,6 +147,27 @@ def test_a_cache_filled_under_inference_mode_refreshes_outside_it():
     assert torch.equal(cached(x), plain(x))
 
 
+def test_a_cast_of_the_model_drops_the_cache():
+    """``Module.to(dtype)`` casts floating buffers: the cache's (here OE-right's row maxima; on Hopper
+    its FP8 operands and scales) would hold other values. Such a cache is dropped, and refilled."""
+    torch.manual_seed(0)
+    oe = {"fwd": "iht+oe-right", "dgrad": "iht+oe-right", "wgrad": "iht"}
+    cached = adahop.convert(torch.nn.Linear(128, 256), "uniform-iht", weight_cache=True, **oe)
+    adahop.refresh_weights(cached, torch.float32)
+    assert cached.w_cache_in_amax.dtype == torch.float32
+    cached.to("cpu")  # no cast: kept
+    assert cached._w_cache_ready
+    cached.to(torch.bfloat16)
+    assert not cached._w_cache_ready and all(b is None for n, b in cached.named_buffers() if "cache" in n)
+    x = torch.randn(64, 128, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="weight cache is empty"):
+        torch.compile(cached, backend="aot_eager", fullgraph=True)(x)
+    plain = adahop.convert(torch.nn.Linear(128, 256), "uniform-iht", **oe).to(torch.bfloat16)
+    plain.load_state_dict(cached.state_dict())  # a checkpoint loads with or without the cache
+    assert torch.equal(cached(x), plain(x))  # eagerly refilled from the bf16 weight
+
+
 def test_compiled_cached_model_is_one_graph_and_trains_as_eager():
     """One graph for every micro-batch and step: the cache is a set of buffers that the optimizer
     hook overwrites in place between steps (the compiled graph sees the new values)."""

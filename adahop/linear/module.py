@@ -336,6 +336,18 @@ class QuantLinear(nn.Linear):
         self._w_cache_key, self._w_cache_ready, self._w_cache_dtype = key, True, dtype
         return True
 
+    def _apply(self, fn, recurse: bool = True):
+        dtypes = [None if self._buffers[n] is None else self._buffers[n].dtype for n in _CACHE_BUFFERS]
+        out = super()._apply(fn, recurse)
+        # Module.to(dtype) casts floating buffers, FP8 operands and their scales among them: such a
+        # cache is dropped (an eager forward fills it again; a compiled one asks for refresh_weights).
+        # A move to another device keeps it valid.
+        if [None if self._buffers[n] is None else self._buffers[n].dtype for n in _CACHE_BUFFERS] != dtypes:
+            for name in _CACHE_BUFFERS:
+                self._buffers[name] = None
+            self._w_cache_key, self._w_cache_ready = None, False
+        return out
+
     def _w_param(self, plan: LayerPlan) -> torch.Tensor | None:
         # Passed only where the backward re-reads it: the Function takes no tensor twice (Dynamo).
         return self.weight if plan.weight_from_param else None
@@ -510,7 +522,8 @@ class QuantLinear(nn.Linear):
             raise ValueError(f"QuantLinear state has an unknown format (expected version {EXTRA_STATE_VERSION})")
         saved = recipe_from_dict(state["recipe"]).to_dict()
         mine = self.recipe.to_dict()
-        diff = sorted(key for key in mine if mine[key] != saved.get(key))
+        # weight_cache changes where W is quantized, not what the layer computes: either way loads.
+        diff = sorted(key for key in mine if mine[key] != saved.get(key) and key != "weight_cache")
         if diff:
             raise ValueError(
                 f"checkpoint layer was trained with recipe {saved['name']!r} differing in {diff} from this "
