@@ -315,7 +315,7 @@ class QuantLinear(nn.Linear):
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
         dtype = dtype or self._compute_dtype or self._w_cache_dtype or self.weight.dtype
-        if torch.distributed.is_available() and isinstance(self.weight, torch.distributed.tensor.DTensor):
+        if _is_dtensor(self.weight):
             raise NotImplementedError("weight_cache needs the whole weight on each rank; under FSDP2 (sharded DTensor "
                                       "weights) use a recipe without weight_cache")
         plan = self._weight_cache_plan(dtype)
@@ -544,6 +544,14 @@ class QuantLinear(nn.Linear):
     def extra_repr(self) -> str:
         strat = strategies_to_dict(self.strategies) if self.strategies else "calibrating"
         return f"{super().extra_repr()}, recipe={self.recipe.name}, strategies={strat}"
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
 
 
 def _refresh_after_load(module: "QuantLinear", incompatible_keys: Any) -> None:
