@@ -55,19 +55,26 @@ def params(model) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+def assert_cache_trains_alike(recipe: str, steps: int, fused: bool = False, fixed: dict | None = None) -> None:
+    """The same losses and weights, bit for bit, with the cache and without."""
+    runs = []
+    for cache in (False, True):
+        model, opt = tiny(recipe, cache, fused)
+        if fixed is not None:
+            adahop.fix_strategies(model, {name: fixed for name, _ in adahop.linear.quant_layers(model)})
+        runs.append((train(model, model, opt, steps), params(model)))
+    (losses, weights), (cached_losses, cached_weights) = runs
+    assert cached_losses == losses
+    assert all(torch.equal(a, b) for a, b in zip(weights, cached_weights))
+
+
 @pytest.mark.parametrize(("recipe", "fused"), [("uniform-iht", False), ("mxfp4", False), ("adahop", False),
                                               ("uniform-iht", True)])
 def test_cached_weights_train_bit_for_bit_as_uncached(recipe, fused):
     """adahop calibrates for two steps (no cache while calibrating), then fixes its strategies
     (OE among them where the tiny model's patterns ask for it) and caches from then on. A fused
     AdamW updates the weights without advancing their version counters: the step refreshes anyway."""
-    runs = []
-    for cache in (False, True):
-        model, opt = tiny(recipe, cache, fused)
-        runs.append((train(model, model, opt, 4), params(model)))
-    (losses, weights), (cached_losses, cached_weights) = runs
-    assert cached_losses == losses
-    assert all(torch.equal(a, b) for a, b in zip(weights, cached_weights))
+    assert_cache_trains_alike(recipe, 4, fused)
 
 
 @pytest.mark.parametrize("fixed", [
@@ -76,14 +83,7 @@ def test_cached_weights_train_bit_for_bit_as_uncached(recipe, fused):
     {"fwd": "iht", "dgrad": "bf16", "wgrad": "iht+oe-right"},  # only W along `in` cached
 ])
 def test_cached_weights_train_as_uncached_under_each_strategy(fixed):
-    runs = []
-    for cache in (False, True):
-        model, opt = tiny("adahop", cache)
-        adahop.fix_strategies(model, {name: fixed for name, _ in adahop.linear.quant_layers(model)})
-        runs.append((train(model, model, opt, 2), params(model)))
-    (losses, weights), (cached_losses, cached_weights) = runs
-    assert cached_losses == losses
-    assert all(torch.equal(a, b) for a, b in zip(weights, cached_weights))
+    assert_cache_trains_alike("adahop", 2, fixed=fixed)
 
 
 def test_w_is_quantized_once_per_optimizer_step(monkeypatch):
@@ -116,12 +116,16 @@ def test_uncached_layers_quantize_w_in_every_forward(monkeypatch):
     assert len(calls) == MICRO * n
 
 
-def test_a_weight_changed_in_place_is_requantized_by_the_eager_forward():
+def cached_and_plain() -> tuple[adahop.QuantLinear, adahop.QuantLinear, torch.Tensor]:
+    """One layer with the cache and without, from the same weights, and an input."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(128, 256)
-    cached = adahop.convert(copy.deepcopy(linear), "uniform-iht", weight_cache=True)
-    plain = adahop.convert(copy.deepcopy(linear), "uniform-iht")
-    x = torch.randn(64, 128)
+    return (adahop.convert(copy.deepcopy(linear), "uniform-iht", weight_cache=True),
+            adahop.convert(copy.deepcopy(linear), "uniform-iht"), torch.randn(64, 128))
+
+
+def test_a_weight_changed_in_place_is_requantized_by_the_eager_forward():
+    cached, plain, x = cached_and_plain()
     assert torch.equal(cached(x), plain(x))
     with torch.no_grad():
         for layer in (cached, plain):
@@ -134,11 +138,7 @@ def test_a_weight_changed_in_place_is_requantized_by_the_eager_forward():
 
 
 def test_a_cache_filled_under_inference_mode_refreshes_outside_it():
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(128, 256)
-    cached = adahop.convert(copy.deepcopy(linear), "uniform-iht", weight_cache=True)
-    plain = adahop.convert(copy.deepcopy(linear), "uniform-iht")
-    x = torch.randn(64, 128)
+    cached, plain, x = cached_and_plain()
     with torch.inference_mode():
         cached(x)
     with torch.no_grad():
