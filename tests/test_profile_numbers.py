@@ -225,10 +225,15 @@ def kernel_ms_per_step(path: Path) -> dict[str, float]:
     return out
 
 
+def gemm_ms(profile: dict[str, float]) -> float:
+    """A step's milliseconds in cuBLAS's GEMM kernels (``nvjet_*``) of a :func:`kernel_ms_per_step` table."""
+    return sum(ms for name, ms in profile.items() if name.startswith("nvjet"))
+
+
 def test_design_3b_step_breakdown_is_the_profiles_and_the_throughput_file():
     gpu = ROOT / "results" / "throughput" / "gpu"
     ada, bf16 = (kernel_ms_per_step(gpu / "profiles" / f"profile_3b_cudagraphs_{r}_h100.txt") for r in ("adahop", "bf16"))
-    gemm = [sum(ms for name, ms in p.items() if name.startswith("nvjet")) for p in (ada, bf16)]
+    gemm = [gemm_ms(p) for p in (ada, bf16)]
     quant, redo, reencode = (ada[k] for k in ("_hadamard_quantize_kernel", "_redo_kernel", "_fp8_group_kernel"))
     # The profiles are of the run whose file a later run of the same stage moved to history/.
     step = {r["recipe"]: r["step_time_s"] * 1e3
@@ -467,7 +472,7 @@ def test_design_launched_path_profile_figures_are_the_profile_and_throughput_fil
     def groups(name):
         p = kernel_ms_per_step(gpu / "profiles" / f"profile_1b_cudagraphs_{name}_h100.txt")
         inductor = {k: ms for k, ms in p.items() if k.startswith("triton_")}
-        return (sum(ms for k, ms in p.items() if k.startswith("nvjet")), p.get("_hadamard_quantize_kernel", 0.0),
+        return (gemm_ms(p), p.get("_hadamard_quantize_kernel", 0.0),
                 sum(inductor.values()), sum(ms for k, ms in inductor.items() if "silu" in k))
 
     (lg, lq, li, ls), (og, oq, oi, os_), (_, _, bi, bs) = (
