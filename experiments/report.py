@@ -414,11 +414,19 @@ def layer_table(doc: dict[str, Any]) -> list[str]:
         if variant not in variants:
             variants.append(variant)
         peers = r.get("ratio_to_peers", {})
-        cells[f"{shape} {tuple(r['shape'])}"][variant] = " / ".join(times(peers[p]) for p in LAYER_PEERS if p in peers)
+        cell = " / ".join(times(peers[p]) for p in LAYER_PEERS if p in peers)
+        if r.get("replayed"):
+            graphs = r["replayed"]["ratio_to_peers"]
+            cell += " (graphs: " + " / ".join(times(graphs[p]) for p in LAYER_PEERS if p in graphs) + ")"
+        cells[f"{shape} {tuple(r['shape'])}"][variant] = cell
     rows = [[shape, *(by.get(v, "") for v in variants)] for shape, by in cells.items()]
     present = [name for p, name in LAYER_PEERS.items() if any(p in r.get("ratio_to_peers", {}) for r in doc["records"])]
     notes = ["", f"Each cell: speed-up of one forward + backward over {' / over '.join(present)}, "
              f"all timed in the same run on {device(doc)}."]
+    if any(r.get("replayed") for r in doc["records"]):
+        notes += ["", "In parentheses: the same speed-ups with the layer and its peers each replayed from a CUDA graph "
+                  "(the device's time alone, as a training step under CUDA graphs spends it; the figure before "
+                  "them also holds the host's launches)."]
     # torch.compile's limit: eight compiles of one forward, one per benchmark without fresh caches
     if len(doc["records"]) > 8 and any("compile_caches" not in r for r in doc["records"]):
         notes += ["", "Measured before each benchmark compiled from empty torch.compile caches: torch.compile keeps "

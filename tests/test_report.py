@@ -180,6 +180,21 @@ def test_layer_table_says_when_its_benchmarks_ran_eagerly(tmp_path, fresh, n_sha
     assert text.count("the timings are eager ones") == eager
 
 
+def test_layer_table_shows_the_replayed_speedups_where_a_record_has_them(tmp_path):
+    from adahop.harness.provenance import write_results
+    base = {"op": "linear fwd+bwd [iht]", "shape": [16, 32, 32], "compile_caches": "fresh",
+            "ratio_to_peers": {"nn.Linear-bf16": 0.5, "torchao-float8-tensorwise": 0.25}}
+    recs = [{**base, "test": "test_layer_fwd_bwd[iht-a]", "replayed": None},
+            {**base, "test": "test_layer_fwd_bwd[iht-b]",
+             "replayed": {"ratio_to_peers": {"nn.Linear-bf16": 1.25, "torchao-float8-tensorwise": 0.75}}}]
+    layers = tmp_path / "results" / "layer_bench" / "gpu" / "layers.json"
+    write_results(layers, recs)
+    text = "\n".join(report.layer_section(report.Results([layers], root=tmp_path)))
+    assert "| a (16, 32, 32) | 0.50× / 0.25× |" in text
+    assert "| b (16, 32, 32) | 0.50× / 0.25× (graphs: 1.25× / 0.75×) |" in text
+    assert text.count("replayed from a CUDA graph") == 1
+
+
 def test_layer_profiles_are_read_and_tabulated(tmp_path):
     from adahop.harness.provenance import write_results
 

@@ -157,6 +157,19 @@ def measure(fn: Callable[[], object], device: torch.device) -> Timing:
     return Timing(statistics.median(times), q3 - q1, len(times), timer)
 
 
+def measure_replayed(fn: Callable[[], object], device: torch.device) -> Timing | None:
+    """Median and IQR of ``fn``'s time replayed from a CUDA graph: the device's time alone, as a
+    training step under CUDA graphs (``torch.compile(mode="reduce-overhead")``) spends it, with no
+    host launches. None on a device without CUDA graphs."""
+    if device.type != "cuda":
+        return None
+    import triton.testing
+
+    times = [t / 1e3 for t in triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="all")]
+    q1, _, q3 = statistics.quantiles(times, n=4)
+    return Timing(statistics.median(times), q3 - q1, len(times), "triton.testing.do_bench_cudagraph")
+
+
 @dataclass(frozen=True)
 class Figure:
     """A measured rate: ``value`` in ``unit`` with the timing it came from."""
@@ -325,6 +338,17 @@ class Bench:
         }
         benchmark.extra_info.update(info)
         return info
+
+    def replayed(self, fn: Callable[[], object], peers: dict[str, Callable[[], object]]) -> dict | None:
+        """``fn`` and its callable ``peers`` timed again, each replayed from a CUDA graph
+        (:func:`measure_replayed`): their speeds without the host's launches. None on a CPU."""
+        mine = measure_replayed(fn, self.device)
+        if mine is None:
+            return None
+        others = {name: measure_replayed(peer, self.device) for name, peer in peers.items()}
+        return {"timer": mine.timer, "median_s": mine.median_s, "iqr_s": mine.iqr_s, "n_timings": mine.n,
+                "peers": {name: {"median_s": t.median_s, "iqr_s": t.iqr_s} for name, t in others.items()},
+                "ratio_to_peers": {name: t.median_s / mine.median_s for name, t in others.items()}}
 
 
 @pytest.fixture

@@ -13,11 +13,14 @@ Targets on the H200: the ``iht`` variant >= 1.6x ``nn.Linear-bf16`` and >= 1.2x 
 tensorwise at Llama-3 8B shapes (16k tokens), >= 1.0x at k/v and at our 125m model's layers. The gpu profile adds the layers of our 125m pretraining model at its 64k tokens a step
 (where the end-to-end throughput is decided) and a 256-token layer whose GPU work is negligible:
 its time is the host's cost of one fwd+bwd (Python, checks, kernel launches), the bound of the
-eager quantized training steps. No timing asserts: ``experiments/layer_bench.py`` collects the JSON.
+eager quantized training steps. On CUDA each benchmark also times the layer and its peers replayed
+from CUDA graphs (the record's ``replayed``): the device's time alone, as a training step under
+CUDA graphs spends it. No timing asserts: ``experiments/layer_bench.py`` collects the JSON.
 """
 
 import functools
 import os
+from typing import Callable
 
 import pytest
 import torch
@@ -64,9 +67,9 @@ def variant_gemm_path(recipe: str, device: torch.device) -> str:
     return ops.gemm_path(device).value
 
 
-def fwd_bwd(layer: nn.Module, x: torch.Tensor, gy: torch.Tensor):
-    """One training step's work of ``layer``: Y, then dX and dW from dY."""
-    return lambda: torch.autograd.grad(layer(x), (x, layer.weight), gy)
+def fwd_bwd(layer: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, gy: torch.Tensor, weight: torch.Tensor):
+    """One training step's work of ``layer`` (``weight`` its weight): Y, then dX and dW from dY."""
+    return lambda: torch.autograd.grad(layer(x), (x, weight), gy)
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,16 +110,15 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
     adahop.refresh_weights(layer, torch.bfloat16)  # fills the cache of a weight_cache variant, else nothing
     # On the GPU the layer runs compiled, as the peers do: one graph of its operators.
     run = torch.compile(layer) if device.type == "cuda" else layer
-    peers = {"nn.Linear-bf16": fwd_bwd(linear, x, gy)}
+    peers = {"nn.Linear-bf16": fwd_bwd(linear, x, gy, linear.weight)}
     for ao_recipe in ("rowwise", "tensorwise"):
         ao = torchao_float8(fin, fout, device, ao_recipe) if device.type == "cuda" else None
         if ao is not None:
-            ao_layer, ao_weight = ao
-            peers[f"torchao-float8-{ao_recipe}"] = (
-                lambda ao_layer=ao_layer, ao_weight=ao_weight: torch.autograd.grad(ao_layer(x), (x, ao_weight), gy))
+            peers[f"torchao-float8-{ao_recipe}"] = fwd_bwd(ao[0], x, gy, ao[1])
     ceiling, _ = bench.ceilings.names_for_gemm()
+    step = fwd_bwd(run, x, gy, layer.weight)
     info = bench.run(
-        benchmark, lambda: torch.autograd.grad(run(x), (x, layer.weight), gy), op=f"linear fwd+bwd [{variant}]", shape=(tokens, fin, fout),
+        benchmark, step, op=f"linear fwd+bwd [{variant}]", shape=(tokens, fin, fout),
         dtype=f"bf16 in/out, {GEMMS.get(recipe, 'mxfp4 GEMMs')}", work=6 * tokens * fin * fout, unit="TFLOP/s", ceiling=ceiling,
         ceiling_shape=(tokens, fout, fin), peers=peers, gemm_path=variant_gemm_path(recipe, device),
     )
@@ -127,4 +129,8 @@ def test_layer_fwd_bwd(benchmark, bench, variant, shape):
             "strategies": {k: v.value for k, v in layer.strategies.items()},
             "speedup_vs_bf16": info["ratio_to_peers"]["nn.Linear-bf16"],
             "compile_caches": "fresh",  # fresh_compile_caches: each benchmark compiled from empty caches
+            # The same work replayed from CUDA graphs, the layer and its peers alike: what a step
+            # under CUDA graphs spends on the device, where the figure above also holds the host's
+            # launches (which bound the smaller shapes). The cached W is read as filled above.
+            "replayed": bench.replayed(step, peers),
         }
