@@ -158,13 +158,11 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 0, got {getattr(self, name)}")
         if self.compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {COMPILE_MODES}, got {self.compile_mode!r}")
-        if self.compile and self.compile_mode in CUDAGRAPH_MODES and self.grad_accum > 1:
-            # The first micro-batch's gradients are the backward graph's output memory, which the next
-            # replay overwrites: the accumulated gradients come out wrong without an error
-            # (pytorch/pytorch#96693, #169545).
-            raise ValueError(f"compile_mode={self.compile_mode!r} (CUDA graphs) with grad_accum={self.grad_accum}: "
-                             "CUDA-graph replays overwrite the gradients being accumulated; use grad_accum=1 "
-                             "(a larger batch_size) or a compile mode without CUDA graphs")
+        if self.compile and self.compile_mode in CUDAGRAPH_MODES and self.grad_accum > 1 and self.fsdp:
+            # The trainer keeps .grad allocated so that each replay's gradients are added into it
+            # (Trainer.keep_grads); FSDP2 accumulates unsharded gradients its own way, untested here.
+            raise ValueError(f"compile_mode={self.compile_mode!r} (CUDA graphs) with grad_accum={self.grad_accum} "
+                             "and fsdp: use grad_accum=1 (a larger batch_size) or a compile mode without CUDA graphs")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision must be 'auto', 'bf16' or 'fp32', got {self.precision!r}")
         if not 0 <= self.min_lr_ratio <= 1:
@@ -595,6 +593,21 @@ class Trainer:
         self.autocast = (
             (lambda: torch.autocast(self.device.type, dtype=torch.bfloat16)) if use_bf16 else contextlib.nullcontext
         )
+        # Under CUDA graphs a gradient the autograd engine finds no .grad for becomes the .grad: the
+        # backward graph's output memory, which the next micro-batch's replay overwrites, so the
+        # gradients accumulated over micro-batches come out wrong without an error
+        # (pytorch/pytorch#96693, #169545). With .grad allocated from the start and zeroed, not
+        # freed, after each step, every replay's gradient is added into it before the next replay.
+        self.keep_grads = self.cudagraphs and cfg.grad_accum > 1
+        if self.keep_grads and self.dist.world_size > 1:
+            # DDP's reducer reads the accumulated .grad at the last micro-batch's hooks, untested here.
+            raise ValueError(f"compile_mode={cfg.compile_mode!r} (CUDA graphs) with grad_accum={cfg.grad_accum} on "
+                             f"{self.dist.world_size} ranks: use grad_accum=1 (a larger batch_size) or a compile "
+                             "mode without CUDA graphs")
+        if self.keep_grads:
+            for p in self.model.parameters():
+                if p.requires_grad:
+                    p.grad = torch.zeros_like(p)
         if self.recipe is not None and self.recipe.weight_cache:  # before the first (compiled) forward
             adahop.refresh_weights(self.model, torch.bfloat16 if use_bf16 else torch.float32)
         self.flops_per_token = self.model_config.flops_per_token(cfg.seq_len)
@@ -839,7 +852,7 @@ class Trainer:
         step = self.step + 1
         bad = [key for key, value in (("loss", loss_v), ("grad_norm", norm_v)) if not math.isfinite(value)]
         if bad:
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad(set_to_none=not self.keep_grads)
             self._log({"step": step, "event": "non-finite", "non_finite": bad, "loss": str(loss_v),
                        "grad_norm": str(norm_v)})
             kept = (f"the last good checkpoint is {self.last_checkpoint}" if self.last_checkpoint
@@ -854,7 +867,7 @@ class Trainer:
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=not self.keep_grads)
         adahop.on_optimizer_step(self.model)
         self.step = step
         return {"loss": loss_v, "grad_norm": norm_v, "lr": lr}
