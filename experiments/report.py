@@ -416,8 +416,9 @@ def layer_table(doc: dict[str, Any]) -> list[str]:
         peers = r.get("ratio_to_peers", {})
         cell = " / ".join(times(peers[p]) for p in LAYER_PEERS if p in peers)
         if r.get("replayed"):
-            graphs = r["replayed"]["ratio_to_peers"]
-            cell += " (graphs: " + " / ".join(times(graphs[p]) for p in LAYER_PEERS if p in graphs) + ")"
+            graphs = r["replayed"].get("ratio_to_peers")
+            cell += (" (graphs: " + " / ".join(times(graphs[p]) for p in LAYER_PEERS if p in graphs) + ")" if graphs
+                     else " (graphs: failed)")
         cells[f"{shape} {tuple(r['shape'])}"][variant] = cell
     rows = [[shape, *(by.get(v, "") for v in variants)] for shape, by in cells.items()]
     present = [name for p, name in LAYER_PEERS.items() if any(p in r.get("ratio_to_peers", {}) for r in doc["records"])]

@@ -186,12 +186,14 @@ def test_layer_table_shows_the_replayed_speedups_where_a_record_has_them(tmp_pat
             "ratio_to_peers": {"nn.Linear-bf16": 0.5, "torchao-float8-tensorwise": 0.25}}
     recs = [{**base, "test": "test_layer_fwd_bwd[iht-a]", "replayed": None},
             {**base, "test": "test_layer_fwd_bwd[iht-b]",
-             "replayed": {"ratio_to_peers": {"nn.Linear-bf16": 1.25, "torchao-float8-tensorwise": 0.75}}}]
+             "replayed": {"ratio_to_peers": {"nn.Linear-bf16": 1.25, "torchao-float8-tensorwise": 0.75}}},
+            {**base, "test": "test_layer_fwd_bwd[iht-c]", "replayed": {"error": "RuntimeError: capture failed"}}]
     layers = tmp_path / "results" / "layer_bench" / "gpu" / "layers.json"
     write_results(layers, recs)
     text = "\n".join(report.layer_section(report.Results([layers], root=tmp_path)))
     assert "| a (16, 32, 32) | 0.50× / 0.25× |" in text
     assert "| b (16, 32, 32) | 0.50× / 0.25× (graphs: 1.25× / 0.75×) |" in text
+    assert "| c (16, 32, 32) | 0.50× / 0.25× (graphs: failed) |" in text
     assert text.count("replayed from a CUDA graph") == 1
 
 

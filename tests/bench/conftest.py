@@ -342,10 +342,13 @@ class Bench:
     def replayed(self, fn: Callable[[], object], peers: dict[str, Callable[[], object]]) -> dict | None:
         """``fn`` and its callable ``peers`` timed again, each replayed from a CUDA graph
         (:func:`measure_replayed`): their speeds without the host's launches. None on a CPU."""
-        mine = measure_replayed(fn, self.device)
-        if mine is None:
-            return None
-        others = {name: measure_replayed(peer, self.device) for name, peer in peers.items()}
+        try:
+            mine = measure_replayed(fn, self.device)
+            if mine is None:
+                return None
+            others = {name: measure_replayed(peer, self.device) for name, peer in peers.items()}
+        except RuntimeError as err:  # a capture that fails is the finding; the host-bound figure stands
+            return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
         return {"timer": mine.timer, "median_s": mine.median_s, "iqr_s": mine.iqr_s, "n_timings": mine.n,
                 "peers": {name: {"median_s": t.median_s, "iqr_s": t.iqr_s} for name, t in others.items()},
                 "ratio_to_peers": {name: t.median_s / mine.median_s for name, t in others.items()}}
