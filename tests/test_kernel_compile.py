@@ -1,9 +1,13 @@
 """adahop.harness.kernel_compile: every kernel compiles for sm_90 as GPU launches specialize it, checked on CPU.
 
-Each test runs in a subprocess with ``TRITON_INTERPRET=0``: this process runs Triton's interpreter
-(tests/conftest.py), where kernels are not JITFunctions and nothing is specialized.
+Each check runs in a subprocess with ``TRITON_INTERPRET=0``: this process runs Triton's interpreter
+(tests/conftest.py), where kernels are not JITFunctions and nothing is specialized. The short checks
+share one subprocess (:func:`checks`): importing torch, Triton and the kernels costs each one more
+than the check itself.
 """
 
+import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -15,13 +19,33 @@ REPO = Path(__file__).resolve().parent.parent
 KERNEL_MODULES = sorted(p.stem for p in (REPO / "kernels").glob("*.py") if not p.stem.startswith("_"))
 
 
-def run_python(code: str, path: Path | None = None) -> subprocess.CompletedProcess:
-    """``python -c code`` without the interpreter; ``path`` goes first on PYTHONPATH."""
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    if path is not None:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(path), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=1200)
+def run_python(code: str, *args: str) -> subprocess.CompletedProcess:
+    """``python -c code args`` without the interpreter."""
+    return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, env={**os.environ, "TRITON_INTERPRET": "0"},
+                          capture_output=True, text=True, timeout=1200)
+
+
+# Runs each check's code in a namespace of its own, its sys.path first on sys.path, and writes each
+# one's exit code (SystemExit's; 1 for an exception), stdout and traceback as JSON.
+RUN_CHECKS = """
+import contextlib, io, json, sys, traceback
+checks, results = json.loads(open(sys.argv[1]).read()), {}
+for name, check in checks.items():
+    sys.path[:0] = check["path"]
+    sys.modules.pop("broken_kernel", None)
+    out, rc, err = io.StringIO(), 0, ""
+    try:
+        with contextlib.redirect_stdout(out):
+            exec(compile(check["code"], name, "exec"), {"__name__": "__main__"})
+    except SystemExit as e:
+        rc = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BaseException:
+        rc, err = 1, traceback.format_exc()
+    finally:
+        del sys.path[:len(check["path"])]
+    results[name] = {"returncode": rc, "stdout": out.getvalue(), "stderr": err}
+open(sys.argv[2], "w").write(json.dumps(results))
+"""
 
 
 @pytest.mark.slow
@@ -60,13 +84,13 @@ print("checked", n)
 """
 
 
-def test_specialization_is_tritons():
+def test_specialization_is_tritons(checks):
     """kernel_compile.specialize gives what Triton's own launch binder gives for every recorded launch
     and its "=1" variants."""
-    proc = run_python(SPECIALIZATION_VS_TRITON)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "MISMATCH" not in proc.stdout, proc.stdout
-    assert int(proc.stdout.split("checked")[1]) > 300
+    proc = checks["specialization"]
+    assert proc["returncode"] == 0, proc["stderr"][-3000:]
+    assert "MISMATCH" not in proc["stdout"], proc["stdout"]
+    assert int(proc["stdout"].split("checked")[1]) > 300
 
 
 BROKEN_KERNEL = '''
@@ -87,31 +111,35 @@ def launch():
 
 CHECK_BROKEN = """
 import sys
+from unittest import mock
 from adahop.harness import kernel_compile as kc
 import broken_kernel
 
-kc.default_cases = lambda: [kc.Case("xor", broken_kernel.launch)]
-sys.exit(kc.main({argv}))
+with mock.patch.object(kc, "default_cases", lambda: [kc.Case("xor", broken_kernel.launch)]):
+    sys.exit(kc.main({argv}))
 """
 
 
-@pytest.mark.parametrize("argv", [[], ["--quick"]], ids=["cubin", "quick"])
-@pytest.mark.parametrize("decorator, fails", [("", True), ('(do_not_specialize=["mix"])', False)],
-                         ids=["mix-specialized", "mix-not-specialized"])
-def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(tmp_path, decorator, fails, argv):
+ARGVS = {"cubin": [], "quick": ["--quick"]}
+DECORATORS = {"mix-specialized": "", "mix-not-specialized": '(do_not_specialize=["mix"])'}
+
+
+@pytest.mark.parametrize("argv", ARGVS)
+@pytest.mark.parametrize("decorator, fails", [("mix-specialized", True), ("mix-not-specialized", False)],
+                         ids=list(DECORATORS))
+def test_an_int_argument_used_as_a_tensor_fails_unless_not_specialized(checks, decorator, fails, argv):
     """``mix.to()`` compiles for mix=7 but not for mix=1, which a launch turns into a Python int:
     a bug that passes every interpreter test. ``do_not_specialize`` fixes it; ``n`` stays specializable.
     ``--quick`` compiles the "=1" variants to TTIR only, and finds it as well."""
-    (tmp_path / "broken_kernel.py").write_text(BROKEN_KERNEL.format(decorator=decorator))
-    proc = run_python(CHECK_BROKEN.format(argv=argv), path=tmp_path)
-    out = proc.stdout
+    proc = checks[f"broken {decorator} {argv}"]
+    out = proc["stdout"]
     if fails:
-        assert proc.returncode == 1, out + proc.stderr[-3000:]
+        assert proc["returncode"] == 1, out + proc["stderr"][-3000:]
         assert "2 of 3 variants compiled" in out, out
         assert "FAILED broken_kernel._xor_kernel (xor; set to 1: mix):" in out, out
         assert "AttributeError(\"'int' object has no attribute 'to'\")" in out, out
     else:
-        assert proc.returncode == 0, out + proc.stderr[-3000:]
+        assert proc["returncode"] == 0, out + proc["stderr"][-3000:]
         assert "2 of 2 variants compiled" in out and "FAILED" not in out, out
 
 
@@ -136,10 +164,36 @@ print("cubin", len(cubin), "of", len(quick), "configs", len(configs))
 """
 
 
-def test_quick_compiles_every_call_and_every_config_to_the_cubin():
+def test_quick_compiles_every_call_and_every_config_to_the_cubin(checks):
     """--quick keeps the variants; the ones it stops at TTGIR or TTIR leave every launcher call and
     every autotune config with a variant that reaches ptxas."""
-    proc = run_python(QUICK_COVERS)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    cubin, total = int(proc.stdout.split()[1]), int(proc.stdout.split()[3])
-    assert 0 < cubin < total, proc.stdout
+    proc = checks["quick covers"]
+    assert proc["returncode"] == 0, proc["stdout"] + proc["stderr"][-3000:]
+    cubin, total = int(proc["stdout"].split()[1]), int(proc["stdout"].split()[3])
+    assert 0 < cubin < total, proc["stdout"]
+
+
+@pytest.fixture(scope="session")
+def checks(tmp_path_factory) -> dict[str, dict]:
+    """Every short check's result (:data:`RUN_CHECKS`), from one subprocess per test run: under
+    pytest-xdist the first worker to ask runs it, the others read its results."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    # Under xdist each worker's base temp lies in one folder of this run; alone, our own.
+    root = tmp_path_factory.getbasetemp().parent if worker else tmp_path_factory.getbasetemp()
+    results = root / "kernel_compile_checks.json"
+    with open(root / "kernel_compile_checks.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not results.exists():
+            todo = {"specialization": {"code": SPECIALIZATION_VS_TRITON, "path": []},
+                    "quick covers": {"code": QUICK_COVERS, "path": []}}
+            for name, decorator in DECORATORS.items():
+                folder = root / f"kernel_compile_{name}"
+                folder.mkdir(exist_ok=True)
+                (folder / "broken_kernel.py").write_text(BROKEN_KERNEL.format(decorator=decorator))
+                for argv_name, argv in ARGVS.items():
+                    todo[f"broken {name} {argv_name}"] = {"code": CHECK_BROKEN.format(argv=argv), "path": [str(folder)]}
+            (root / "kernel_compile_checks_todo.json").write_text(json.dumps(todo))
+            proc = run_python(RUN_CHECKS, str(root / "kernel_compile_checks_todo.json"), str(results) + ".tmp")
+            assert proc.returncode == 0, f"the checks' subprocess failed:\n{proc.stdout}\n{proc.stderr[-3000:]}"
+            os.replace(str(results) + ".tmp", results)
+    return json.loads(results.read_text())
