@@ -521,3 +521,42 @@ def test_design_weight_cache_figures_are_the_layer_and_throughput_files():
     assert (f"adahop ran {accum['adahop']['tokens_per_s'] / accum['bf16']['tokens_per_s']:.2f}× bf16 at 1b "
             f"(`ab/1b_compile_accum4_h100.json`, GPU busy {accum['adahop']['gpu_busy']['busy_fraction']:.0%} of wall "
             f"time against {accum['bf16']['gpu_busy']['busy_fraction']:.0%})") in text
+
+
+def test_design_replayed_layer_and_accumulation_figures_are_the_files():
+    text = prose(DESIGN)
+    layers = json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-replayed-h100.json").read_text())
+    by = {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r for r in layers["records"]}
+    big = ["llama3-8b-q/o", "llama3-8b-k/v", "llama3-8b-gate/up", "llama3-8b-down"]
+    small = ["ours-125m-attn-64k", "ours-125m-gate/up-64k", "ours-125m-down-64k"]
+
+    def cells(variant: str, shapes: list[str], replayed: bool = True, peer: str = "nn.Linear-bf16") -> list[str]:
+        return [f"{(by[(variant, s)]['replayed'] if replayed else by[(variant, s)])['ratio_to_peers'][peer]:.2f}×"
+                for s in shapes]
+
+    def listed(c: list[str]) -> str:
+        return ", ".join(c[:-1]) + f" and {c[-1]}"
+
+    assert (f"`iht` replayed at {listed(cells('iht', big))} `nn.Linear` bf16 at the Llama-3 8B q/o, k/v, gate/up and "
+            f"down shapes, and {listed(cells('iht', small))} at the 125m model's three shapes; launched, in the same "
+            f"run, {listed(cells('iht', big + small, replayed=False))}") in text
+    assert (f"With the cached W, replayed: {listed(cells('iht-cached-w', big))}, then "
+            f"{listed(cells('iht-cached-w', small))}.") in text
+    tw = "torchao-float8-tensorwise"
+
+    def span(c: list[str]) -> str:
+        v = sorted(float(x[:-1]) for x in c)
+        return f"{v[0]:.2f}×–{v[-1]:.2f}×"
+
+    assert (f"ran {span(cells('iht-cached-w', big, peer=tw))} at the four 8B shapes and "
+            f"{span(cells('iht-cached-w', small, peer=tw))} at 125m") in text
+    attn = by[("iht-cached-w", "ours-125m-attn-64k")]["replayed"]["peers"]
+    assert (f"whose layer there ({attn['nn.Linear-bf16']['median_s'] * 1e6:.0f} µs replayed) is faster than torchao's "
+            f"({attn[tw]['median_s'] * 1e6:.0f} µs)") in text
+    tests = json.loads((ROOT / "results" / "kernel_tests" / "gpu" / "cg-accum-weight-cache-45e8f71.json").read_text())
+    accum = [r for r in tests["records"] if "grad_accumulation_under_cuda_graphs" in r["test"]]
+    assert len(accum) == 2 and all(r["outcome"] == "passed" for r in accum)
+    bf16 = json.loads((ROOT / "results" / "throughput" / "gpu" / "ab" / "125m_cudagraphs_accum4_h100.json").read_text())
+    rec = next(r for r in bf16["records"] if r["recipe"] == "bf16")
+    assert rec["config"]["grad_accum"] == 4 and rec["compile_mode"] == "reduce-overhead"
+    assert f"micro-batches of 8 sequences a step ran {rec['tokens_per_s']:,.0f} tokens/s under CUDA graphs" in text
