@@ -484,20 +484,27 @@ def test_design_launched_path_profile_figures_are_the_profile_and_throughput_fil
     assert text in prose(DESIGN), f"DESIGN §6 does not say {text!r}"
 
 
+# The layer benchmark's shapes as the prose lists them: Llama-3 8B's four, then the 125m model's three.
+BIG_LAYERS = ["llama3-8b-q/o", "llama3-8b-k/v", "llama3-8b-gate/up", "llama3-8b-down"]
+SMALL_LAYERS = ["ours-125m-attn-64k", "ours-125m-gate/up-64k", "ours-125m-down-64k"]
+
+
+def layer_records(name: str) -> dict[tuple[str, str], dict]:
+    """A layer-benchmark file's records by (variant, shape name): test ids are
+    ``test_layer_fwd_bwd[<variant>-<shape name>]``."""
+    doc = json.loads((ROOT / "results" / "layer_bench" / "gpu" / name).read_text())
+    return {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r for r in doc["records"]}
+
+
 def test_design_weight_cache_figures_are_the_layer_and_throughput_files():
     gpu = ROOT / "results" / "throughput" / "gpu"
     text = prose(DESIGN)
-    layers = json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-cached-w-h100.json").read_text())
-    # test ids: test_layer_fwd_bwd[<variant>-<shape name>]
-    speedup = {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r["speedup_vs_bf16"]
-               for r in layers["records"]}
+    layers = layer_records("layers-iht-cached-w-h100.json")
 
     def ratios(variant: str, shapes: list[str]) -> str:
-        cells = [f"{speedup[(variant, s)]:.2f}×" for s in shapes]
-        return ", ".join(cells[:-1]) + f" and {cells[-1]}"
+        return listed([f"{layers[(variant, s)]['speedup_vs_bf16']:.2f}×" for s in shapes])
 
-    big = ["llama3-8b-q/o", "llama3-8b-k/v", "llama3-8b-gate/up", "llama3-8b-down"]
-    small = ["ours-125m-attn-64k", "ours-125m-gate/up-64k", "ours-125m-down-64k"]
+    big, small = BIG_LAYERS, SMALL_LAYERS
     assert (f"W ran forward + backward at {ratios('iht-cached-w', big)} `nn.Linear` bf16 at the Llama-3 8B q/o, k/v, "
             f"gate/up and down shapes, against {ratios('iht', big)} for `iht`; at the 125m model's three shapes "
             f"{ratios('iht-cached-w', small)} against {ratios('iht', small)}.") in text
@@ -525,17 +532,12 @@ def test_design_weight_cache_figures_are_the_layer_and_throughput_files():
 
 def test_design_replayed_layer_and_accumulation_figures_are_the_files():
     text = prose(DESIGN)
-    layers = json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-replayed-h100.json").read_text())
-    by = {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r for r in layers["records"]}
-    big = ["llama3-8b-q/o", "llama3-8b-k/v", "llama3-8b-gate/up", "llama3-8b-down"]
-    small = ["ours-125m-attn-64k", "ours-125m-gate/up-64k", "ours-125m-down-64k"]
+    by = layer_records("layers-iht-replayed-h100.json")
+    big, small = BIG_LAYERS, SMALL_LAYERS
 
     def cells(variant: str, shapes: list[str], replayed: bool = True, peer: str = "nn.Linear-bf16") -> list[str]:
         return [f"{(by[(variant, s)]['replayed'] if replayed else by[(variant, s)])['ratio_to_peers'][peer]:.2f}×"
                 for s in shapes]
-
-    def listed(c: list[str]) -> str:
-        return ", ".join(c[:-1]) + f" and {c[-1]}"
 
     assert (f"`iht` replayed at {listed(cells('iht', big))} `nn.Linear` bf16 at the Llama-3 8B q/o, k/v, gate/up and "
             f"down shapes, and {listed(cells('iht', small))} at the 125m model's three shapes; launched, in the same "
