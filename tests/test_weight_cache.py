@@ -7,6 +7,7 @@ model with the same model uncached, bit for bit, eagerly and compiled, with grad
 from __future__ import annotations
 
 import copy
+import sys
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from adahop.linear import module as module_module
 from adahop.recipes import get_recipe
 
 VOCAB, BATCH, SEQ, MICRO = 256, 2, 64, 3
+REFRESHERS = sys.modules["adahop.linear.convert"]._refreshers  # the module, which adahop.linear.convert (a function) hides
 
 
 def tiny(recipe: str, cache: bool, fused: bool = False) -> tuple[Llama, torch.optim.Optimizer]:
@@ -279,6 +281,56 @@ def test_cached_weights_compute_as_uncached_on_cuda(fin, fout, compiled):
             opt.zero_grad(set_to_none=True)
             adahop.on_optimizer_step(layer)
         runs.append((outs, layer.weight.detach().clone()))
+        if cache:  # the steps' refreshes replayed a CUDA graph (checked by what they computed above)
+            assert REFRESHERS[layer].graph is not None and not REFRESHERS[layer].failed
     (outs, w), (cached_outs, cached_w) = runs
     assert all(torch.equal(a, b) for a, b in zip(outs, cached_outs))
     assert torch.equal(w, cached_w)
+
+
+def cache_contents(model) -> list[torch.Tensor | None]:
+    return [None if (b := layer._buffers[n]) is None else b.clone()
+            for _, layer in adahop.linear.quant_layers(model) for n in module_module._CACHE_BUFFERS]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_steps_refresh_replays_one_cuda_graph_and_captures_again_when_the_plans_change():
+    """Each optimizer step refreshes every cache by replaying one CUDA graph, which writes what an
+    eager refresh writes; new strategies (other plans, other buffers) make the next step refresh
+    eagerly and capture a new graph."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig.from_name("tiny", vocab_size=VOCAB, n_layers=2)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    adahop.convert(model, "adahop", optimizer=opt, weight_cache=True)
+    names = [name for name, _ in adahop.linear.quant_layers(model)]
+    adahop.fix_strategies(model, dict.fromkeys(names, {"fwd": "iht", "dgrad": "iht+oe-right", "wgrad": "iht"}))
+    refresher = REFRESHERS[model]
+
+    def step(i: int) -> None:
+        toks = tokens(i, 0).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(toks, toks)[1]
+        loss.backward()
+        opt.step()  # its hook refreshes the caches
+        opt.zero_grad(set_to_none=True)
+
+    def assert_eager_refresh_agrees() -> None:
+        replayed = cache_contents(model)
+        assert adahop.refresh_weights(model, force=True) == len(names)
+        eager = cache_contents(model)
+        assert [a is None for a in replayed] == [b is None for b in eager]
+        assert all(a is None or torch.equal(a, b) for a, b in zip(replayed, eager))
+
+    step(0)  # refreshes eagerly, then captures
+    graph = refresher.graph
+    assert graph is not None and not refresher.failed
+    for i in (1, 2):
+        step(i)
+        assert refresher.graph is graph
+    assert_eager_refresh_agrees()
+    adahop.fix_strategies(model, dict.fromkeys(names, {"fwd": "bf16", "dgrad": "iht", "wgrad": "iht"}))
+    step(3)
+    assert refresher.graph is not None and refresher.graph is not graph
+    step(4)
+    assert_eager_refresh_agrees()

@@ -206,7 +206,7 @@ class QuantLinear(nn.Linear):
             la, lb = gemm.layouts(m, n, k, dtype) if s.mxfp4 else (None, None)
             slots[slot] = SlotPlan(s, a, b, la, lb)
         return LayerPlan(slots["fwd"], slots["dgrad"], slots["wgrad"], self.recipe.outlier_k, need_backward, gemm,
-                         self.recipe.weight_for_backward == "param", self.recipe.weight_cache and self.phase == "fixed")
+                         self.recipe.weight_for_backward == "param", self.caches_weight)
 
     def _plan(self, tokens: int, dtype: torch.dtype, device: torch.device, need_backward: bool) -> LayerPlan:
         if torch.compiler.is_compiling():
@@ -298,6 +298,32 @@ class QuantLinear(nn.Linear):
         w = self.weight
         return (w._version, w.data_ptr(), w.device, dtype, plan.fwd, plan.dgrad, plan.gemm)
 
+    @property
+    def caches_weight(self) -> bool:
+        """Whether the layer keeps a weight cache now (its recipe's ``weight_cache``, once fixed)."""
+        return self.recipe.weight_cache and self.phase == "fixed"
+
+    def _cache_dtype(self, dtype: torch.dtype | None) -> torch.dtype:
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
+        return dtype or self._compute_dtype or self._w_cache_dtype or self.weight.dtype
+
+    def _refresh_target(self, dtype: torch.dtype | None) -> tuple:
+        """What a refresh of the cache reads and writes, by address, and how: a CUDA graph that
+        captured the refresh (:class:`adahop.linear.convert.GraphedRefresh`) replays it only while
+        this is unchanged."""
+        dtype = self._cache_dtype(dtype)
+        plan = self._weight_cache_plan(dtype)
+        buffers = tuple(None if (b := self._buffers[n]) is None else (b.data_ptr(), b.shape, b.stride(), b.dtype)
+                        for n in _CACHE_BUFFERS)
+        return (self.weight.data_ptr(), self.weight.dtype, self.weight.shape, dtype, plan.fwd, plan.dgrad, plan.gemm,
+                self._w_cache_ready, self._w_cache_dtype, buffers)
+
+    def _mark_refreshed(self, dtype: torch.dtype | None) -> None:
+        """Record that the cache holds the current weight (a replayed refresh wrote it)."""
+        dtype = self._cache_dtype(dtype)
+        self._w_cache_key = self._weight_cache_key(dtype, self._weight_cache_plan(dtype))
+
     @torch.no_grad()
     def refresh_weight_cache(self, dtype: torch.dtype | None = None, force: bool = False) -> bool:
         """Quantize W into the weight cache if it may have changed since the cache was filled (or
@@ -310,11 +336,9 @@ class QuantLinear(nn.Linear):
         change is seen through the weight's version counter, which in-place PyTorch ops advance and
         fused optimizers (``torch.optim.AdamW(fused=True)``) do not: the optimizer step forces it.
         """
-        if not self.recipe.weight_cache or self.phase != "fixed":
+        if not self.caches_weight:
             return False
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
-        dtype = dtype or self._compute_dtype or self._w_cache_dtype or self.weight.dtype
+        dtype = self._cache_dtype(dtype)
         if _is_dtensor(self.weight):
             raise NotImplementedError("weight_cache needs the whole weight on each rank; under FSDP2 (sharded DTensor "
                                       "weights) use a recipe without weight_cache")
