@@ -17,14 +17,14 @@ what the GPU compiles:
 3. :func:`compile_variants`: ``triton.compile`` each distinct variant for ``GPUTarget("cuda", 90, 32)``,
    down to the cubin (Triton ships ptxas).
 
-``--quick`` (the test suite's) compiles to the cubin each launcher call at one of its configs and
-every config at least once (:func:`variants`); the other configs go through Triton's front end and
-its GPU passes to TTGIR, the "=1" variants to TTIR, where an int that became a constexpr, a block
-shape or a flag that does not type-check fails. About a quarter of the default variants then reach
-LLVM and ptxas, which cost most of a compile.
+``--quick`` (the test suite's) compiles each launcher call at one of its configs to PTX and every
+config at least once to the cubin (:func:`variants`); the other configs go through Triton's front
+end and its GPU passes to TTGIR, the "=1" variants to TTIR, where an int that became a constexpr, a
+block shape or a flag that does not type-check fails. About a quarter of the default variants then
+reach LLVM, which with ptxas costs most of a compile.
 
     python -m adahop.harness.kernel_compile             # default_cases()
-    python -m adahop.harness.kernel_compile --quick     # default_cases(), the rest of the variants to TTGIR or TTIR
+    python -m adahop.harness.kernel_compile --quick     # default_cases(), most variants to PTX, TTGIR or TTIR
     python -m adahop.harness.kernel_compile --full      # full_cases(): every flag combination (long, see kernels/README.md)
     python -m adahop.harness.kernel_compile --only signs
 
@@ -259,24 +259,27 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
     The "=1" variants of a call use one of its autotune configs (the n-th call's n-th, so the calls
     spread over the configs): they multiply the compiles by the number of int arguments.
 
-    ``quick``: only that config of each call, and the first launch of each (kernel, config) no call
-    chose, compile to the cubin; the other configs stop at TTGIR, the "=1" variants at TTIR (their
-    ``stage``; what an int turned constexpr breaks, the front end finds). So every flag combination
-    and every config reaches ptxas at least once, and every variant passes Triton's front end.
+    ``quick``: the first launch of each (kernel, config), the calls' chosen ones first, compiles to
+    the cubin; the other chosen ones (each call's config) to PTX, through LLVM's lowering, which is
+    where a flag combination that type-checks fails to compile; the other configs stop at TTGIR, the
+    "=1" variants at TTIR (their ``stage``; what an int turned constexpr breaks, the front end
+    finds). So every flag combination reaches PTX, every config reaches ptxas at least once, and
+    every variant passes Triton's front end. (ptxas costs about as much as all before it: running it
+    on one variant of each config, not each call, halves the check.)
     """
     calls: dict[int, list[Launch]] = defaultdict(list)
     for launch in launches:
         calls[launch.group].append(launch)
     chosen = [group[n % len(group)] for n, group in enumerate(calls.values())]
-    full: dict[Variant, None] = {}
+    full: dict[Variant, None] = {}  # quick: to the cubin
+    lowered: dict[Variant, None] = {}  # quick: to PTX
     if quick:
-        configs = {(kernel_name(c.fn), c.config) for c in chosen}
-        for launch in chosen:
-            full.setdefault(specialize(launch))
-        for launch in launches:
+        configs: set[tuple[str, Any]] = set()
+        for launch in [*chosen, *launches]:
             if (kernel_name(launch.fn), launch.config) not in configs:
                 configs.add((kernel_name(launch.fn), launch.config))
                 full.setdefault(specialize(launch))
+        lowered = dict.fromkeys(specialize(launch) for launch in chosen)
     out: dict[Variant, None] = {}
     for group, pick in zip(calls.values(), chosen):
         for launch in group:
@@ -285,7 +288,8 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
             out.setdefault(specialize(pick, (name,)))
     if not quick:
         return list(out)
-    return [v if v in full else dataclasses.replace(v, stage="ttir" if v.ones else "ttgir") for v in out]
+    return [v if v in full else dataclasses.replace(v, stage="ptx" if v in lowered else "ttir" if v.ones else "ttgir")
+            for v in out]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -558,8 +562,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adahop.harness.kernel_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the cases of full_cases() (long)")
     parser.add_argument("--quick", action="store_true",
-                        help="each call at one config and each config once to the cubin, the other configs to TTGIR, "
-                             "the \"=1\" variants to TTIR")
+                        help="each call at one config to PTX and each config once to the cubin, the other configs "
+                             "to TTGIR, the \"=1\" variants to TTIR")
     parser.add_argument("--only", metavar="TEXT", help="only the kernels whose name holds TEXT (e.g. signs)")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parser.add_argument("--jobs", type=int, default=cores, help="compiling processes (default: the usable cores)")
@@ -582,7 +586,7 @@ def main(argv: list[str] | None = None) -> int:
     partial = sum(r.variant.stage != "cubin" for r in results)
     print(f"{len(results) - len(failures)} of {len(results)} variants compiled for sm_90 in "
           f"{time.perf_counter() - t0:.0f} s ({args.jobs} processes)"
-          + (f", {len(results) - partial} of them to the cubin, the others to TTGIR or TTIR" if partial else ""))
+          + (f", {len(results) - partial} of them to the cubin, the others to PTX, TTGIR or TTIR" if partial else ""))
     for r in failures:
         print("FAILED " + describe_failure(r))
     return 1 if failures else 0
