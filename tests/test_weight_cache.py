@@ -305,7 +305,6 @@ def test_the_steps_refresh_replays_one_cuda_graph_and_captures_again_when_the_pl
     adahop.convert(model, "adahop", optimizer=opt, weight_cache=True)
     names = [name for name, _ in adahop.linear.quant_layers(model)]
     adahop.fix_strategies(model, dict.fromkeys(names, {"fwd": "iht", "dgrad": "iht+oe-right", "wgrad": "iht"}))
-    refresher = REFRESHERS[model]
 
     def step(i: int) -> None:
         toks = tokens(i, 0).cuda()
@@ -323,6 +322,7 @@ def test_the_steps_refresh_replays_one_cuda_graph_and_captures_again_when_the_pl
         assert all(a is None or torch.equal(a, b) for a, b in zip(replayed, eager))
 
     step(0)  # refreshes eagerly, then captures
+    refresher = REFRESHERS[model]
     graph = refresher.graph
     assert graph is not None and not refresher.failed
     for i in (1, 2):

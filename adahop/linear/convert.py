@@ -193,7 +193,7 @@ class GraphedRefresh:
         if target is not None and target == self.target:
             self.graph.replay()
             for layer in layers:
-                layer._mark_refreshed(None)
+                layer._mark_refreshed()
             return
         self.graph = self.target = None
         for layer in layers:

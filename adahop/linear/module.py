@@ -319,10 +319,10 @@ class QuantLinear(nn.Linear):
         return (self.weight.data_ptr(), self.weight.dtype, self.weight.shape, dtype, plan.fwd, plan.dgrad, plan.gemm,
                 self._w_cache_ready, self._w_cache_dtype, buffers)
 
-    def _mark_refreshed(self, dtype: torch.dtype | None) -> None:
-        """Record that the cache holds the current weight (a replayed refresh wrote it)."""
-        dtype = self._cache_dtype(dtype)
-        self._w_cache_key = self._weight_cache_key(dtype, self._weight_cache_plan(dtype))
+    def _mark_refreshed(self) -> None:
+        """Record that the cache holds the current weight: a replayed refresh wrote it, with the
+        :meth:`_refresh_target` of the refresh that filled the cache, so only the version changed."""
+        self._w_cache_key = (self.weight._version, *self._w_cache_key[1:])
 
     @torch.no_grad()
     def refresh_weight_cache(self, dtype: torch.dtype | None = None, force: bool = False) -> bool:
