@@ -562,3 +562,25 @@ def test_design_replayed_layer_and_accumulation_figures_are_the_files():
     rec = next(r for r in bf16["records"] if r["recipe"] == "bf16")
     assert rec["config"]["grad_accum"] == 4 and rec["compile_mode"] == "reduce-overhead"
     assert f"micro-batches of 8 sequences a step ran {rec['tokens_per_s']:,.0f} tokens/s under CUDA graphs" in text
+
+
+def test_design_weight_cache_refresh_figures_are_the_files():
+    ab = ROOT / "results" / "throughput" / "gpu" / "ab"
+    text = prose(DESIGN)
+
+    def ratios(name: str) -> tuple[dict[str, float], dict[str, float]]:
+        recs = {r["recipe"]: r for r in json.loads((ab / name).read_text())["records"] if r.get("tokens_per_s")}
+        assert all(r["compile_mode"] == "reduce-overhead" and r["config"]["grad_accum"] == 1 for r in recs.values())
+        bf16 = recs["bf16"]["tokens_per_s"]
+        return ({k: r["tokens_per_s"] / bf16 for k, r in recs.items()},
+                {k: r["gpu_busy"]["busy_fraction"] for k, r in recs.items()})
+
+    (e1, b1), (e3, b3) = ratios("1b_cudagraphs_weight-cache-eager-refresh_h100.json"), \
+        ratios("3b_cudagraphs_weight-cache-eager-refresh_h100.json")
+    assert (f"1b trained at {e1['adahop-cached-w']:.2f}× bf16 with the cache against {e1['adahop']:.2f}× without it, "
+            f"and 3b at {e3['adahop-cached-w']:.2f}×, GPU busy {b1['adahop-cached-w']:.0%} and "
+            f"{b3['adahop-cached-w']:.0%} of wall time") in text
+    g, gb = ratios("1b_cudagraphs_weight-cache-graphed-refresh_h100.json")
+    assert "adahop" not in g  # stopped in its untimed steps, as the text says
+    assert (f"1b then ran at {g['adahop-cached-w']:.2f}× bf16 with the cache, GPU busy {gb['adahop-cached-w']:.0%}"
+            in text)
