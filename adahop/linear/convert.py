@@ -210,7 +210,7 @@ class GraphedRefresh:
                     layer.refresh_weight_cache(force=True)
         except RuntimeError as e:
             self.failed = True
-            warnings.warn(f"adahop: capturing the weight caches' refresh in a CUDA graph failed ({e}); "
+            warnings.warn(f"weight_cache: capturing the caches' refresh in a CUDA graph failed ({e}); "
                           "they refresh eagerly after each optimizer step", stacklevel=3)
             return
         if tuple(layer._refresh_target(None) for layer in layers) != target:
@@ -219,7 +219,7 @@ class GraphedRefresh:
             self.failed = True
             for layer in layers:
                 layer.refresh_weight_cache(force=True)
-            warnings.warn("adahop: the weight caches' refresh did not write its buffers in place under CUDA "
+            warnings.warn("weight_cache: the caches' refresh did not write its buffers in place under CUDA "
                           "graph capture; they refresh eagerly after each optimizer step", stacklevel=3)
             return
         self.graph, self.target = graph, target
