@@ -163,7 +163,10 @@ def _step(model: nn.Module) -> None:
         for layer in layers:
             layer.on_optimizer_step()
     # The step's new weights (fused optimizers leave no version mark), layers just fixed.
-    _refreshers.setdefault(model, GraphedRefresh())([layer for layer in layers if layer.caches_weight])
+    refresh = _refreshers.get(model)
+    if refresh is None:
+        refresh = _refreshers[model] = GraphedRefresh()
+    refresh([layer for layer in layers if layer.caches_weight])
 
 
 class GraphedRefresh:
@@ -189,7 +192,7 @@ class GraphedRefresh:
             return
         graphable = (not self.failed and all(layer.weight.is_cuda for layer in layers)
                      and not torch.cuda.is_current_stream_capturing())
-        target = tuple(layer._refresh_target(None) for layer in layers) if graphable else None
+        target = tuple(layer._refresh_target() for layer in layers) if graphable else None
         if target is not None and target == self.target:
             self.graph.replay()
             for layer in layers:
@@ -202,7 +205,7 @@ class GraphedRefresh:
             self._capture(layers)
 
     def _capture(self, layers: list[QuantLinear]) -> None:
-        target = tuple(layer._refresh_target(None) for layer in layers)
+        target = tuple(layer._refresh_target() for layer in layers)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
@@ -213,7 +216,7 @@ class GraphedRefresh:
             warnings.warn(f"weight_cache: capturing the caches' refresh in a CUDA graph failed ({e}); "
                           "they refresh eagerly after each optimizer step", stacklevel=3)
             return
-        if tuple(layer._refresh_target(None) for layer in layers) != target:
+        if tuple(layer._refresh_target() for layer in layers) != target:
             # The capture allocated a cache buffer rather than writing the one in place: its contents
             # were never computed. Refill eagerly and leave the refresh eager.
             self.failed = True

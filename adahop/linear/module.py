@@ -308,16 +308,15 @@ class QuantLinear(nn.Linear):
             raise TypeError(f"dtype must be a torch.dtype or None, got {type(dtype).__name__} {dtype!r}")
         return dtype or self._compute_dtype or self._w_cache_dtype or self.weight.dtype
 
-    def _refresh_target(self, dtype: torch.dtype | None) -> tuple:
-        """What a refresh of the cache reads and writes, by address, and how: a CUDA graph that
-        captured the refresh (:class:`adahop.linear.convert.GraphedRefresh`) replays it only while
-        this is unchanged."""
-        dtype = self._cache_dtype(dtype)
-        plan = self._weight_cache_plan(dtype)
+    def _refresh_target(self) -> tuple:
+        """What a refresh of the cache (of the default dtype) reads and writes, by address, and how:
+        the cache's key without the weight's version, and the buffers. A CUDA graph that captured
+        the refresh (:class:`adahop.linear.convert.GraphedRefresh`) replays it only while this holds."""
+        dtype = self._cache_dtype(None)
         buffers = tuple(None if (b := self._buffers[n]) is None else (b.data_ptr(), b.shape, b.stride(), b.dtype)
                         for n in _CACHE_BUFFERS)
-        return (self.weight.data_ptr(), self.weight.dtype, self.weight.shape, dtype, plan.fwd, plan.dgrad, plan.gemm,
-                self._w_cache_ready, self._w_cache_dtype, buffers)
+        return (*self._weight_cache_key(dtype, self._weight_cache_plan(dtype))[1:], self.weight.dtype,
+                self.weight.shape, self._w_cache_ready, self._w_cache_dtype, buffers)
 
     def _mark_refreshed(self) -> None:
         """Record that the cache holds the current weight: a replayed refresh wrote it, with the

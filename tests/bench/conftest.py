@@ -153,6 +153,11 @@ def measure(fn: Callable[[], object], device: torch.device) -> Timing:
             _sync(device)
             times.append(time.perf_counter() - t0)
         timer = "time.perf_counter"
+    return _timing(times, timer)
+
+
+def _timing(times: list[float], timer: str) -> Timing:
+    """The median and IQR of ``times`` (seconds)."""
     q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0],) * 3
     return Timing(statistics.median(times), q3 - q1, len(times), timer)
 
@@ -166,8 +171,7 @@ def measure_replayed(fn: Callable[[], object], device: torch.device) -> Timing |
     import triton.testing
 
     times = [t / 1e3 for t in triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="all")]
-    q1, _, q3 = statistics.quantiles(times, n=4)
-    return Timing(statistics.median(times), q3 - q1, len(times), "triton.testing.do_bench_cudagraph")
+    return _timing(times, "triton.testing.do_bench_cudagraph")
 
 
 @dataclass(frozen=True)
