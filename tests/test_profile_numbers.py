@@ -31,6 +31,11 @@ def metric(section: str, name: str) -> float:
     return float(m[1].replace(",", ""))
 
 
+def records(path: Path) -> list[dict]:
+    """The ``records`` list of a results file (JSON with ``provenance`` and ``records``)."""
+    return json.loads(path.read_text())["records"]
+
+
 def prose(path: Path) -> str:
     """The file's text with line breaks, comment marks and runs of spaces folded to one space."""
     return re.sub(r"\s+", " ", re.sub(r"^\s*#", " ", path.read_text(), flags=re.M))
@@ -56,7 +61,7 @@ def per_value(p: dict[str, float]) -> float:
 
 def floors(profiled) -> dict[str, tuple[float, float]]:
     """Per step: µs the instructions take issued on every cycle, µs the minimal bytes take at copy rate."""
-    copy = {r["ceiling"] for r in json.loads(AB.read_text())["records"] if r["ceiling_name"] == "copy"}
+    copy = {r["ceiling"] for r in records(AB) if r["ceiling_name"] == "copy"}
     assert len(copy) == 1, f"{AB.name}: one copy rate expected, got {copy}"
     gbs = copy.pop()
     return {step: (p["Instructions Executed"] / SCHEDULERS / (p["SM Frequency"] * 1e3), VALUES * STEPS[step] / (gbs * 1e3))
@@ -116,8 +121,7 @@ def test_design_h100_rows_are_the_h100_profile():
 
 def test_design_h100_quantize_step_rates_are_the_results_file():
     """Per benchmark the better of the two committed runs."""
-    runs = [{r["test"]: r for r in json.loads((ROOT / "results" / "microbench" / "gpu" / f"{name}.json")
-                                               .read_text())["records"]}
+    runs = [{r["test"]: r for r in records(ROOT / "results" / "microbench" / "gpu" / f"{name}.json")}
             for name in ("quantize-steps", "quantize-steps-rerun")]
     assert runs[0].keys() == runs[1].keys(), "both runs time the same steps and shapes"
     recs = [max((run[test] for run in runs), key=lambda r: r["ratio"]) for test in runs[0]]
@@ -136,7 +140,7 @@ def test_design_h100_quantize_step_rates_are_the_results_file():
 def test_design_and_docstring_quantize_ab_ratios_are_the_results_file():
     """The same-run A/B of the two-kernel quantize against the kernel before it: per step, the
     range of its speed ratios over the shapes, and every shape wrote the same bytes."""
-    recs = json.loads((ROOT / "results" / "microbench" / "gpu" / "quantize-ab.json").read_text())["records"]
+    recs = records(ROOT / "results" / "microbench" / "gpu" / "quantize-ab.json")
     assert recs and all(r["same_bytes"] for r in recs)
     spans = {}
     for step, name in (("X", "X-forward"), ("W", "W"), ("dY", "dY-backward-sr")):
@@ -153,7 +157,7 @@ def test_design_and_docstring_instruction_ab_ratios_are_the_results_files():
     """The A/B of the kernel with fewer instructions a value, two runs: dY's speed ratio range at the
     three longer shapes, X's and W's there, and the shortest shape's W ratios."""
     recs = [r for name in ("quantize-ab-instr.json", "quantize-ab-instr-rerun.json")
-            for r in json.loads((ROOT / "results" / "microbench" / "gpu" / name).read_text())["records"]]
+            for r in records(ROOT / "results" / "microbench" / "gpu" / name)]
     assert recs and all(r["same_bytes"] for r in recs)
     short = [r for r in recs if r["shape"] == [16384, 2048]]
     longer = [r for r in recs if r["shape"] != [16384, 2048]]
@@ -173,8 +177,8 @@ def test_design_and_docstring_f16x2_tail_ab_ratios_are_the_results_files():
     """The A/B of the f16x2 RNE tails, three runs: per step the median ratio at each of the three
     longer shapes, their range; at the shortest shape X's range over the runs; every run wrote the
     same bytes as the kernel before."""
-    runs = [json.loads((ROOT / "results" / "microbench" / "gpu" / f"quantize-ab-e5m2-pairs{suffix}.json")
-                       .read_text())["records"] for suffix in ("", "-rerun2", "-rerun3")]
+    runs = [records(ROOT / "results" / "microbench" / "gpu" / f"quantize-ab-e5m2-pairs{suffix}.json")
+            for suffix in ("", "-rerun2", "-rerun3")]
     assert all(recs and all(r["same_bytes"] for r in recs) for recs in runs)
     by_test: dict[str, list[float]] = {}
     for recs in runs:
@@ -196,7 +200,7 @@ def test_design_and_docstring_f16x2_tail_ab_ratios_are_the_results_files():
 
 
 def test_design_layer_ratios_are_the_h100_layer_file():
-    recs = json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-h100.json").read_text())["records"]
+    recs = records(ROOT / "results" / "layer_bench" / "gpu" / "layers-iht-h100.json")
     order = ("q/o", "gate/up", "down")
     by = {r["test"].split("llama3-8b-")[1].rstrip("]"): r["ratio_to_peers"] for r in recs}
     assert set(by) == set(order), f"layers-iht-h100.json: shapes {sorted(by)}"
@@ -237,7 +241,7 @@ def test_design_3b_step_breakdown_is_the_profiles_and_the_throughput_file():
     quant, redo, reencode = (ada[k] for k in ("_hadamard_quantize_kernel", "_redo_kernel", "_fp8_group_kernel"))
     # The profiles are of the run whose file a later run of the same stage moved to history/.
     step = {r["recipe"]: r["step_time_s"] * 1e3
-            for r in json.loads((gpu / "history" / "3b_cudagraphs_h100-2026-12-06.json").read_text())["records"]}
+            for r in records(gpu / "history" / "3b_cudagraphs_h100-2026-12-06.json")}
     without = step["adahop"] - quant - redo - reencode
     text = (f"adahop's GEMMs {gemm[0]:.1f} ms against bf16's {gemm[1]:.1f} ms, its quantize kernel {quant:.1f} ms, the "
             f"redo of rare blocks {redo:.1f} ms and the FP8 re-encode {reencode:.1f} ms. With those three at zero the timed "
@@ -252,7 +256,7 @@ def test_design_allocator_figures_are_the_throughput_files():
     def pools(name: str) -> dict[str, tuple[dict, dict, dict]]:
         """recipe -> (record, its default pool, its graphs' pool) at the timed steps' start"""
         out = {}
-        for r in json.loads((gpu / name).read_text())["records"]:
+        for r in records(gpu / name):
             by = {p["pool"]: p for p in r["allocator_at_start"]["pools"]}
             out[r["recipe"]] = (r, by.pop("(0, 0)"), next(iter(by.values())))
         return out
@@ -302,7 +306,7 @@ def test_design_layer_profile_figures_are_the_profile_files():
 
     def layers(name: str) -> dict[str, dict[str, dict]]:
         out: dict[str, dict[str, dict]] = {}
-        for r in json.loads((folder / f"{name}.json").read_text())["records"]:
+        for r in records(folder / f"{name}.json"):
             out.setdefault(r["layer"], {})[r["kind"]] = r
         return out
 
@@ -345,7 +349,7 @@ def test_design_layer_profile_figures_are_the_profile_files():
     ):
         assert want in text, f"DESIGN §6 does not say {want!r}"
     second = {r["test"].split("llama3-8b-")[1].rstrip("]"): r["ratio_to_peers"]["nn.Linear-bf16"]
-              for r in json.loads((ROOT / "results" / "layer_bench" / "gpu" / "layers-hot.json").read_text())["records"]
+              for r in records(ROOT / "results" / "layer_bench" / "gpu" / "layers-hot.json")
               if r["op"].endswith("[iht]") and "llama3-8b-" in r["test"]}
     shapes = listed([f"{second[s]:.2f}×" for s in ("q/o", "gate/up", "down")])
     want = f"gave {shapes} bf16 there"
@@ -355,7 +359,7 @@ def test_design_layer_profile_figures_are_the_profile_files():
 def test_design_host_cost_figures_are_the_host_cost_files():
     """DESIGN §6's account of the layer's host time quotes results/layer_bench/gpu/host/."""
     folder = ROOT / "results" / "layer_bench" / "gpu" / "host"
-    old, new = ({r["name"]: r["us_per_call"] for r in json.loads((folder / f"host-cost-{name}.json").read_text())["records"]}
+    old, new = ({r["name"]: r["us_per_call"] for r in records(folder / f"host-cost-{name}.json")}
                 for name in ("custom-op", "triton-op"))
     allocs = [old[k] for k in ("alloc-empty0", "alloc-empty", "alloc-zeros")]
     text = prose(DESIGN)
@@ -377,10 +381,10 @@ def test_design_host_cost_figures_are_the_host_cost_files():
 def test_design_inductor_launches_figures_are_the_same_machine_files():
     """DESIGN §6's account of the launches against the operators, one H100: host cost and layer."""
     gpu = ROOT / "results" / "layer_bench" / "gpu"
-    on, off = ({r["name"]: r["us_per_call"] for r in json.loads((gpu / "host" / f"host-cost-{name}-h100.json").read_text())["records"]}
+    on, off = ({r["name"]: r["us_per_call"] for r in records(gpu / "host" / f"host-cost-{name}-h100.json")}
                for name in ("launches", "operators"))
     layers = {name: {r["shape"][2] if r["shape"][0] == 16384 else "125m": r["ratio_to_peers"]
-                     for r in json.loads((gpu / f"layers-iht-{name}-h100.json").read_text())["records"]}
+                     for r in records(gpu / f"layers-iht-{name}-h100.json")}
               for name in ("launches", "operators")}
     lon, loff = layers["launches"], layers["operators"]
     bf16 = "nn.Linear-bf16"
@@ -405,7 +409,7 @@ def test_design_launched_profile_figures_are_the_slower_host_files():
 
     def layers(path: Path) -> dict[str, dict[str, dict]]:
         out: dict[str, dict[str, dict]] = {}
-        for r in json.loads(path.read_text())["records"]:
+        for r in records(path):
             out.setdefault(r["layer"], {})[r["kind"]] = r
         return out
 
@@ -424,12 +428,12 @@ def test_design_launched_profile_figures_are_the_slower_host_files():
     passes = {n: sum(v for k, v in kernels(launched[n]).items()
                      if k in ("_hadamard_quantize_kernel", "_redo_kernel", "_fp8_reencode_kernel", "_fp8_group_kernel"))
               for n in names}
-    host = {r["name"]: r["us_per_call"] for r in json.loads((gpu / "host" / "host-cost-peers-h100-slower-host.json").read_text())["records"]}
-    fast = {r["name"]: r["us_per_call"] for r in json.loads((gpu / "host" / "host-cost-launches-h100.json").read_text())["records"]}
+    host = {r["name"]: r["us_per_call"] for r in records(gpu / "host" / "host-cost-peers-h100-slower-host.json")}
+    fast = {r["name"]: r["us_per_call"] for r in records(gpu / "host" / "host-cost-launches-h100.json")}
 
     def ratios(path: Path) -> list[str]:
         by = {r["out_features"] if r["tokens"] == 16384 else "125m": r["speedup_vs_bf16"]
-              for r in json.loads(path.read_text())["records"]}
+              for r in records(path)}
         return [f"{by[k]:.2f}×" for k in (4096, 1024, "125m")]
 
     slow, faster = ratios(gpu / "layers-iht-launches-h100-slower-host.json"), ratios(gpu / "layers-iht-launches-h100.json")
@@ -492,8 +496,8 @@ SMALL_LAYERS = ["ours-125m-attn-64k", "ours-125m-gate/up-64k", "ours-125m-down-6
 def layer_records(name: str) -> dict[tuple[str, str], dict]:
     """A layer-benchmark file's records by (variant, shape name): test ids are
     ``test_layer_fwd_bwd[<variant>-<shape name>]``."""
-    doc = json.loads((ROOT / "results" / "layer_bench" / "gpu" / name).read_text())
-    return {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r for r in doc["records"]}
+    return {(r["variant"], r["test"].split("[", 1)[1][len(r["variant"]) + 1:-1]): r
+            for r in records(ROOT / "results" / "layer_bench" / "gpu" / name)}
 
 
 def test_design_weight_cache_figures_are_the_layer_and_throughput_files():
@@ -510,7 +514,7 @@ def test_design_weight_cache_figures_are_the_layer_and_throughput_files():
             f"{ratios('iht-cached-w', small)} against {ratios('iht', small)}.") in text
 
     def recipes(path: Path) -> dict[str, dict]:
-        return {r["recipe"]: r for r in json.loads(path.read_text())["records"] if r.get("tokens_per_s")}
+        return {r["recipe"]: r for r in records(path) if r.get("tokens_per_s")}
 
     stale = {size: recipes(gpu / "ab" / f"{size}_cudagraphs_stale-weight-cache_h100.json") for size in ("125m", "1b", "3b")}
     others = {}
@@ -555,11 +559,11 @@ def test_design_replayed_layer_and_accumulation_figures_are_the_files():
     attn = by[("iht-cached-w", "ours-125m-attn-64k")]["replayed"]["peers"]
     assert (f"whose layer there ({attn['nn.Linear-bf16']['median_s'] * 1e6:.0f} µs replayed) is faster than torchao's "
             f"({attn[tw]['median_s'] * 1e6:.0f} µs)") in text
-    tests = json.loads((ROOT / "results" / "kernel_tests" / "gpu" / "cg-accum-weight-cache-45e8f71.json").read_text())
-    accum = [r for r in tests["records"] if "grad_accumulation_under_cuda_graphs" in r["test"]]
+    tests = records(ROOT / "results" / "kernel_tests" / "gpu" / "cg-accum-weight-cache-45e8f71.json")
+    accum = [r for r in tests if "grad_accumulation_under_cuda_graphs" in r["test"]]
     assert len(accum) == 2 and all(r["outcome"] == "passed" for r in accum)
-    bf16 = json.loads((ROOT / "results" / "throughput" / "gpu" / "ab" / "125m_cudagraphs_accum4_h100.json").read_text())
-    rec = next(r for r in bf16["records"] if r["recipe"] == "bf16")
+    bf16 = records(ROOT / "results" / "throughput" / "gpu" / "ab" / "125m_cudagraphs_accum4_h100.json")
+    rec = next(r for r in bf16 if r["recipe"] == "bf16")
     assert rec["config"]["grad_accum"] == 4 and rec["compile_mode"] == "reduce-overhead"
     assert f"micro-batches of 8 sequences a step ran {rec['tokens_per_s']:,.0f} tokens/s under CUDA graphs" in text
 
@@ -569,7 +573,7 @@ def test_design_weight_cache_refresh_figures_are_the_files():
     text = prose(DESIGN)
 
     def ratios(name: str) -> tuple[dict[str, float], dict[str, float]]:
-        recs = {r["recipe"]: r for r in json.loads((ab / name).read_text())["records"] if r.get("tokens_per_s")}
+        recs = {r["recipe"]: r for r in records(ab / name) if r.get("tokens_per_s")}
         assert all(r["compile_mode"] == "reduce-overhead" and r["config"]["grad_accum"] == 1 for r in recs.values())
         bf16 = recs["bf16"]["tokens_per_s"]
         return ({k: r["tokens_per_s"] / bf16 for k, r in recs.items()},
