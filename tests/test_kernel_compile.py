@@ -154,24 +154,36 @@ assert {v.stage for v in every} == {"cubin"} and {v.stage for v in quick} == {"c
 assert all(v.stage != "ttir" or v.ones for v in quick), "a variant of a recorded launch stops at TTIR"
 cubin = {v for v in quick if v.stage == "cubin"}
 lowered = cubin | {v for v in quick if v.stage == "ptx"}
-calls, configs = defaultdict(set), defaultdict(set)
+calls, configs, every_feature, lowered_features = defaultdict(set), defaultdict(set), defaultdict(set), defaultdict(set)
 for launch in launches:
     calls[launch.group].add(kc.specialize(launch))
     configs[kc.kernel_name(launch.fn), launch.config].add(kc.specialize(launch))
-assert all(vs & lowered for vs in calls.values()), "a launcher call that no variant compiles to PTX"
+def features(v):  # each constexpr's value, each argument's type
+    return {("=", k, repr(x)) for k, x in v.constexprs} | {(":", k, t) for k, t in v.signature}
+for v in every:
+    if not v.ones:
+        every_feature[v.kernel] |= features(v)
+for v in lowered:
+    lowered_features[v.kernel] |= features(v)
+missing = {k: fs - lowered_features[k] for k, fs in every_feature.items() if fs - lowered_features[k]}
+assert not missing, f"flag values or argument types that no variant compiles to PTX: {missing}"
 assert all(vs & cubin for vs in configs.values()), "a config that no variant compiles to the cubin"
 assert any(config is not None for _, config in configs), "no autotuned launch recorded its config"
-print("cubin", len(cubin), "of", len(quick), "configs", len(configs))
+print("cubin", len(cubin), "of", len(quick), "ptx", len(lowered) - len(cubin), "calls", len(calls))
 """
 
 
-def test_quick_compiles_every_call_to_ptx_and_every_config_to_the_cubin(checks):
-    """--quick keeps the variants; the ones it stops before the cubin leave every launcher call with
-    a variant that reaches PTX (LLVM's lowering) and every autotune config with one that reaches ptxas."""
+def test_quick_compiles_every_flag_value_to_ptx_and_every_config_to_the_cubin(checks):
+    """--quick keeps the variants; the ones it stops before the cubin leave every flag value and
+    argument type of each kernel (but the "=1" ints, which the front end checks) with a variant
+    that reaches PTX (LLVM's lowering), and every autotune config with one that reaches ptxas;
+    fewer launcher calls reach PTX than there are."""
     proc = checks["quick covers"]
     assert proc["returncode"] == 0, proc["stdout"] + proc["stderr"][-3000:]
-    cubin, total = int(proc["stdout"].split()[1]), int(proc["stdout"].split()[3])
+    words = proc["stdout"].split()
+    cubin, total, ptx, calls = int(words[1]), int(words[3]), int(words[5]), int(words[7])
     assert 0 < cubin < total, proc["stdout"]
+    assert 0 < ptx < calls, proc["stdout"]
 
 
 @pytest.fixture(scope="session")

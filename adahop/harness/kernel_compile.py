@@ -17,11 +17,11 @@ what the GPU compiles:
 3. :func:`compile_variants`: ``triton.compile`` each distinct variant for ``GPUTarget("cuda", 90, 32)``,
    down to the cubin (Triton ships ptxas).
 
-``--quick`` (the test suite's) compiles each launcher call at one of its configs to PTX and every
-config at least once to the cubin (:func:`variants`); the other configs go through Triton's front
-end and its GPU passes to TTGIR, the "=1" variants to TTIR, where an int that became a constexpr, a
-block shape or a flag that does not type-check fails. About a quarter of the default variants then
-reach LLVM, which with ptxas costs most of a compile.
+``--quick`` (the test suite's) compiles every config at least once to the cubin and every flag
+value and argument type of each kernel at least once to PTX (:func:`variants`); the other
+variants go through Triton's front end and its GPU passes to TTGIR, the "=1" variants to TTIR,
+where an int that became a constexpr, a block shape or a flag that does not type-check fails. Only
+a fifth of the default variants then reach LLVM, which with ptxas costs most of a compile.
 
     python -m adahop.harness.kernel_compile             # default_cases()
     python -m adahop.harness.kernel_compile --quick     # default_cases(), most variants to PTX, TTGIR or TTIR
@@ -253,6 +253,12 @@ def specialize(launch: Launch, ones: tuple[str, ...] = ()) -> Variant:
                    tuple(sorted(launch.options.items())), fn, launch.case, tuple(ones))
 
 
+def features(v: Variant) -> set[tuple]:
+    """What of a variant's compile its kernel's code branches on: each constexpr's value and each
+    argument's type (the divisibility hints change the code generated, not whether it compiles)."""
+    return {("=", k, repr(x)) for k, x in v.constexprs} | {(":", k, t) for k, t in v.signature}
+
+
 def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
     """The distinct compiles of ``launches`` (in order) and of each launcher call's "=1" variants.
 
@@ -260,12 +266,16 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
     spread over the configs): they multiply the compiles by the number of int arguments.
 
     ``quick``: the first launch of each (kernel, config), the calls' chosen ones first, compiles to
-    the cubin; the other chosen ones (each call's config) to PTX, through LLVM's lowering, which is
-    where a flag combination that type-checks fails to compile; the other configs stop at TTGIR, the
-    "=1" variants at TTIR (their ``stage``; what an int turned constexpr breaks, the front end
-    finds). So every flag combination reaches PTX, every config reaches ptxas at least once, and
-    every variant passes Triton's front end. (ptxas costs about as much as all before it: running it
-    on one variant of each config, not each call, halves the check.)
+    the cubin; of the other chosen ones (each call's config), those that bring a kernel a flag value
+    or an argument type that none of its variants lowered so far (:func:`features`) go to PTX,
+    through LLVM's lowering, which is where a flag that type-checks fails to compile; the other
+    chosen ones and configs stop at TTGIR, the "=1" variants at TTIR (their ``stage``; what an int
+    turned constexpr breaks, the front end finds). So every flag value and argument type of a
+    kernel reaches PTX, every config reaches ptxas at least once, and every variant passes Triton's
+    front end. (ptxas costs about as much as all before it: running it on one variant of each
+    config, not each call, halves the check. LLVM's lowering is most of the rest: lowering a flag
+    value once, not each call that repeats it, as the safe path's ``_redo_kernel`` repeats the
+    quantizer's, saves most of that.)
     """
     calls: dict[int, list[Launch]] = defaultdict(list)
     for launch in launches:
@@ -279,7 +289,13 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
             if (kernel_name(launch.fn), launch.config) not in configs:
                 configs.add((kernel_name(launch.fn), launch.config))
                 full.setdefault(specialize(launch))
-        lowered = dict.fromkeys(specialize(launch) for launch in chosen)
+        seen: dict[str, set[tuple]] = defaultdict(set)
+        for v in full:
+            seen[v.kernel] |= features(v)
+        for v in map(specialize, chosen):
+            if v not in full and not features(v) <= seen[v.kernel]:
+                lowered.setdefault(v)
+                seen[v.kernel] |= features(v)
     out: dict[Variant, None] = {}
     for group, pick in zip(calls.values(), chosen):
         for launch in group:
@@ -562,8 +578,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m adahop.harness.kernel_compile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="the cases of full_cases() (long)")
     parser.add_argument("--quick", action="store_true",
-                        help="each call at one config to PTX and each config once to the cubin, the other configs "
-                             "to TTGIR, the \"=1\" variants to TTIR")
+                        help="each config once to the cubin, each flag value and argument type of a kernel once to "
+                             "PTX, the other variants to TTGIR, the \"=1\" variants to TTIR")
     parser.add_argument("--only", metavar="TEXT", help="only the kernels whose name holds TEXT (e.g. signs)")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     parser.add_argument("--jobs", type=int, default=cores, help="compiling processes (default: the usable cores)")
