@@ -3,6 +3,7 @@
 import gzip
 import json
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -24,6 +25,34 @@ def test_write_results_carries_provenance(tmp_path):
     for key in ("git_commit", "git_dirty", "date", "versions", "device"):
         assert key in prov
     assert prov["versions"]["torch"]
+
+
+VERSIONS_WITHOUT_IMPORTS = """
+import importlib.metadata, json, sys
+from adahop.harness.provenance import provenance
+versions = provenance()["versions"]
+print(json.dumps({"versions": versions, "imported": [m for m in ("transformers", "lm_eval", "torchao") if m in sys.modules],
+                  "installed": {m: importlib.metadata.version(m) for m in ("triton", "transformers", "lm_eval", "torchao")}}))
+"""
+
+
+def test_versions_are_the_installed_ones_read_without_importing_the_libraries():
+    """A results file records the installed triton, transformers, lm_eval and torchao, and writing
+    one imports none of the last three (each import cost a results-writing process seconds)."""
+    proc = subprocess.run([sys.executable, "-c", VERSIONS_WITHOUT_IMPORTS], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["imported"] == [], f"provenance() imported {out['imported']}"
+    assert {m: out["versions"][m] for m in out["installed"]} == out["installed"]
+
+
+def test_a_loaded_module_gives_its_own_version_and_an_absent_one_none(monkeypatch):
+    import types
+
+    monkeypatch.setitem(sys.modules, "adahop_test_lib", types.SimpleNamespace(__version__="1.2.3"))
+    assert provenance_module._version("adahop_test_lib") == "1.2.3"
+    assert provenance_module._version("adahop_no_such_library") is None
+    assert provenance_module._version("torch") == torch.__version__
 
 
 def test_compile_cache_files_counts_what_each_compiler_cached(tmp_path, monkeypatch):

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import datetime as _dt
 import gzip
+import importlib.metadata
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 import zlib
@@ -48,9 +50,15 @@ def _git(*args: str) -> str | None:
 
 
 def _version(module: str) -> str | None:
+    """The version of ``module``: its ``__version__`` where this process imported it, else its
+    installed distribution's (importing transformers, lm_eval and torchao only to read it cost every
+    results file seconds); None where neither is there."""
+    loaded = sys.modules.get(module)
+    if loaded is not None and isinstance(getattr(loaded, "__version__", None), str):
+        return loaded.__version__
     try:
-        return __import__(module).__version__
-    except Exception:  # an optional library that is absent or broken is recorded as None
+        return importlib.metadata.version(module)
+    except (importlib.metadata.PackageNotFoundError, ValueError):
         return None
 
 
