@@ -255,7 +255,8 @@ def specialize(launch: Launch, ones: tuple[str, ...] = ()) -> Variant:
 
 def features(v: Variant) -> set[tuple]:
     """What of a variant's compile its kernel's code branches on: each constexpr's value and each
-    argument's type (the divisibility hints change the code generated, not whether it compiles)."""
+    argument's type. (Not the divisibility hints, which change how loads vectorize: every config's
+    cubin variant carries its launch's.)"""
     return {("=", k, repr(x)) for k, x in v.constexprs} | {(":", k, t) for k, t in v.signature}
 
 
