@@ -49,21 +49,35 @@ def test_rejects_unknown_config_keys(tmp_path):
         microbench.main(["--config", str(cfg), "--out", str(tmp_path / "r.json")])
 
 
-def test_smoke_run_writes_results(tmp_path):
-    """The whole chain on CPU: pytest --benchmark-only in a subprocess, one benchmark, the results file."""
-    out = tmp_path / "microbench.json"
-    rc = microbench.main(["--profile", "smoke", "--select", "test_extract_outliers and 256x512 and rows",
-                          "--out", str(out)])
-    assert rc == 0
-    doc = read_results(out)
-    assert doc["provenance"]["config"] == {"bench_profile": "smoke", "select": "test_extract_outliers and 256x512 and rows"}
-    (rec,) = doc["records"]
-    assert rec["op"] == "extract_outliers (rows)" and rec["shape"] == [256, 512] and rec["unit"] == "GB/s"
+# The two extract-outliers benchmarks at the smallest shape: the real run the tests below share.
+WHOLE_SELECT = "test_extract_outliers and 256x512"
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory) -> Path:
+    """One real run of :data:`WHOLE_SELECT` at a fixed commit, started with ``--resume`` and no
+    file, so it measures everything: pytest --benchmark-only in a subprocess, the results file.
+    Tests that change the file change a copy."""
+    out = tmp_path_factory.mktemp("microbench") / "microbench.json"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ADAHOP_GIT_COMMIT", "a" * 40)
+        mp.setenv("ADAHOP_GIT_DIRTY", "0")
+        assert microbench.main(["--profile", "smoke", "--select", WHOLE_SELECT, "--out", str(out), "--resume"]) == 0
+    return out
+
+
+def test_smoke_run_writes_results(whole):
+    """The whole chain on CPU: one benchmark's record, its ceiling, peers and timings."""
+    doc = read_results(whole)
+    assert doc["provenance"]["config"] == {"bench_profile": "smoke", "select": WHOLE_SELECT}
+    assert len(doc["records"]) == 2
+    (rec,) = [r for r in doc["records"] if r["op"] == "extract_outliers (rows)"]
+    assert rec["shape"] == [256, 512] and rec["unit"] == "GB/s"
     assert rec["ceiling_name"] == "copy" and rec["figure"] > 0 and rec["ceiling"] > 0
     assert rec["ratio"] == pytest.approx(rec["figure"] / rec["ceiling"])
     assert set(rec["peers"]) == {"torch-vector-norm", "reference"}
     assert rec["backend"] == "reference" and rec["n_timings"] >= 3 and rec["iqr_s"] >= 0
-    assert json.loads(out.read_text())["provenance"]["pytest_exit_code"] == 0
+    assert doc["provenance"]["pytest_exit_code"] == 0
     # The GPUs' state around the run: None on a machine without nvidia-smi, as this one.
     assert doc["provenance"]["gpu_state"] == {"before": None, "after": None}
 
@@ -116,30 +130,29 @@ def at_commit(monkeypatch):
     monkeypatch.setenv("ADAHOP_GIT_DIRTY", "0")
 
 
-def test_resume_runs_only_the_benchmarks_the_file_lacks(tmp_path, at_commit):
+def test_resume_runs_only_the_benchmarks_the_file_lacks(tmp_path, at_commit, whole):
     out = tmp_path / "microbench.json"
-    run = ["--profile", "smoke", "--select", "test_extract_outliers and 256x512", "--out", str(out)]
-    assert microbench.main(run) == 0
-    whole = read_results(out)
-    names = sorted(r["test"] for r in whole["records"])
+    run = ["--profile", "smoke", "--select", WHOLE_SELECT, "--out", str(out)]
+    full = read_results(whole)
+    names = sorted(r["test"] for r in full["records"])
     assert len(names) == 2
-    cut = {**whole, "records": whole["records"][:1]}  # as a run stopped after its first benchmark left it
+    cut = {**full, "records": full["records"][:1]}  # as a run stopped after its first benchmark left it
     out.write_text(json.dumps(cut))
     assert microbench.main([*run, "--resume"]) == 0
     resumed = read_results(out)
     assert sorted(r["test"] for r in resumed["records"]) == names
     assert resumed["records"][0] == cut["records"][0]  # kept as it was, not measured again
     assert resumed["provenance"]["resumed_from"]["records"] == 1
-    assert resumed["provenance"]["resumed_from"]["date"] == whole["provenance"]["date"]
+    assert resumed["provenance"]["resumed_from"]["date"] == full["provenance"]["date"]
     # Nothing left: the file stays as it is.
     assert microbench.main([*run, "--resume"]) == 0
     assert read_results(out)["records"] == resumed["records"]
 
 
-def test_resume_refuses_a_file_of_another_commit_or_configuration(tmp_path, at_commit, monkeypatch):
+def test_resume_refuses_a_file_of_another_commit_or_configuration(tmp_path, at_commit, monkeypatch, whole):
     out = tmp_path / "microbench.json"
-    run = ["--profile", "smoke", "--select", "test_extract_outliers and 256x512 and rows", "--out", str(out)]
-    assert microbench.main(run) == 0
+    out.write_text(whole.read_text())
+    run = ["--profile", "smoke", "--select", WHOLE_SELECT, "--out", str(out)]
     with pytest.raises(SystemExit, match="holds the configuration"):
         microbench.main([*run[:3], "test_extract_outliers", *run[4:], "--resume"])
     monkeypatch.setenv("ADAHOP_GIT_COMMIT", "b" * 40)
@@ -147,12 +160,9 @@ def test_resume_refuses_a_file_of_another_commit_or_configuration(tmp_path, at_c
         microbench.main([*run, "--resume"])
 
 
-def test_resume_without_a_file_runs_everything(tmp_path, at_commit):
-    out = tmp_path / "microbench.json"
-    assert microbench.main(["--profile", "smoke", "--select", "test_extract_outliers and 256x512 and rows",
-                            "--out", str(out), "--resume"]) == 0
-    doc = read_results(out)
-    assert len(doc["records"]) == 1 and doc["provenance"]["resumed_from"] is None
+def test_resume_without_a_file_runs_everything(whole):
+    doc = read_results(whole)  # made by a run with --resume and no file
+    assert len(doc["records"]) == 2 and doc["provenance"]["resumed_from"] is None
 
 
 def test_layer_bench_resumes_too(tmp_path, at_commit):
