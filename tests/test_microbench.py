@@ -165,21 +165,22 @@ def test_resume_without_a_file_runs_everything(whole):
     assert len(doc["records"]) == 2 and doc["provenance"]["resumed_from"] is None
 
 
-def test_layer_bench_resumes_too(tmp_path, at_commit):
-    import os
-    import subprocess
-    import sys
-
+def test_layer_bench_resumes_too(tmp_path, at_commit, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # layer_bench imports microbench, as when run as a script
+    spec = importlib.util.spec_from_file_location("layer_bench_script", SCRIPT.with_name("layer_bench.py"))
+    layer_bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layer_bench)
     out = tmp_path / "layers.json"
-    run = [sys.executable, str(SCRIPT.with_name("layer_bench.py")), "--profile", "smoke",
-           "--select", "(mxfp4 or iht) and not cached and 128-128", "--out", str(out)]
-    assert subprocess.run(run, env=os.environ, capture_output=True).returncode == 0
+    run = ["--profile", "smoke", "--select", "(mxfp4 or iht) and not cached and 128-128", "--out", str(out)]
+    assert layer_bench.main(run) == 0
     whole = read_results(out)
     assert len(whole["records"]) == 2
     assert all(r["replayed"] is None for r in whole["records"])  # a CPU has no CUDA graphs to replay
     out.write_text(json.dumps({**whole, "records": whole["records"][:1]}))
-    proc = subprocess.run([*run, "--resume"], env=os.environ, capture_output=True, text=True)
-    assert proc.returncode == 0 and "1 records added to 1" in proc.stdout, proc.stdout[-2000:]
+    capsys.readouterr()
+    assert layer_bench.main([*run, "--resume"]) == 0
+    stdout = capsys.readouterr().out
+    assert "1 records added to 1" in stdout, stdout[-2000:]
     resumed = read_results(out)
     assert sorted(r["test"] for r in resumed["records"]) == sorted(r["test"] for r in whole["records"])
     assert resumed["records"][0] == whole["records"][0]
