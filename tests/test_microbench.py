@@ -173,14 +173,14 @@ def test_layer_bench_resumes_too(tmp_path, at_commit, monkeypatch, capsys):
     out = tmp_path / "layers.json"
     run = ["--profile", "smoke", "--select", "(mxfp4 or iht) and not cached and 128-128", "--out", str(out)]
     assert layer_bench.main(run) == 0
-    whole = read_results(out)
-    assert len(whole["records"]) == 2
-    assert all(r["replayed"] is None for r in whole["records"])  # a CPU has no CUDA graphs to replay
-    out.write_text(json.dumps({**whole, "records": whole["records"][:1]}))
+    full = read_results(out)
+    assert len(full["records"]) == 2
+    assert all(r["replayed"] is None for r in full["records"])  # a CPU has no CUDA graphs to replay
+    out.write_text(json.dumps({**full, "records": full["records"][:1]}))
     capsys.readouterr()
     assert layer_bench.main([*run, "--resume"]) == 0
     stdout = capsys.readouterr().out
     assert "1 records added to 1" in stdout, stdout[-2000:]
     resumed = read_results(out)
-    assert sorted(r["test"] for r in resumed["records"]) == sorted(r["test"] for r in whole["records"])
-    assert resumed["records"][0] == whole["records"][0]
+    assert sorted(r["test"] for r in resumed["records"]) == sorted(r["test"] for r in full["records"])
+    assert resumed["records"][0] == full["records"][0]
