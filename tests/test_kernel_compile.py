@@ -158,7 +158,7 @@ calls, configs, every_feature, lowered_features = defaultdict(set), defaultdict(
 for launch in launches:
     calls[launch.group].add(kc.specialize(launch))
     configs[kc.kernel_name(launch.fn), launch.config].add(kc.specialize(launch))
-def features(v):  # each constexpr's value, each argument's type
+def features(v):  # each constexpr's value, each argument's type: our own, not kc.features, the rule under test
     return {("=", k, repr(x)) for k, x in v.constexprs} | {(":", k, t) for k, t in v.signature}
 for v in every:
     if not v.ones:

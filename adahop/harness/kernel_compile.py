@@ -20,8 +20,8 @@ what the GPU compiles:
 ``--quick`` (the test suite's) compiles every config at least once to the cubin and every flag
 value and argument type of each kernel at least once to PTX (:func:`variants`); the other
 variants go through Triton's front end and its GPU passes to TTGIR, the "=1" variants to TTIR,
-where an int that became a constexpr, a block shape or a flag that does not type-check fails. Only
-a fifth of the default variants then reach LLVM, which with ptxas costs most of a compile.
+where an int that became a constexpr, a block shape or a flag that does not type-check fails. Few
+of the default variants then reach LLVM, which with ptxas costs most of a compile.
 
     python -m adahop.harness.kernel_compile             # default_cases()
     python -m adahop.harness.kernel_compile --quick     # default_cases(), most variants to PTX, TTGIR or TTIR
