@@ -9,9 +9,19 @@ import pytest
 from adahop.harness.provenance import read_results
 
 SCRIPT = Path(__file__).resolve().parent.parent / "experiments" / "microbench.py"
-spec = importlib.util.spec_from_file_location("microbench_script", SCRIPT)
-microbench = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(microbench)
+# The commit the tests' results files are written at (a copy without git history is told it).
+COMMIT = "a" * 40
+
+
+def load_script(path: Path):
+    """The experiments script at ``path`` as a module (``experiments/`` is no package)."""
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_script", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+microbench = load_script(SCRIPT)
 
 
 def bench_entry(name, **extra_info):
@@ -60,7 +70,7 @@ def whole(tmp_path_factory) -> Path:
     Tests that change the file change a copy."""
     out = tmp_path_factory.mktemp("microbench") / "microbench.json"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ADAHOP_GIT_COMMIT", "a" * 40)
+        mp.setenv("ADAHOP_GIT_COMMIT", COMMIT)
         mp.setenv("ADAHOP_GIT_DIRTY", "0")
         assert microbench.main(["--profile", "smoke", "--select", WHOLE_SELECT, "--out", str(out), "--resume"]) == 0
     return out
@@ -126,7 +136,7 @@ def test_a_profiles_budget_must_be_positive_seconds(tmp_path, value):
 @pytest.fixture
 def at_commit(monkeypatch):
     """The code's commit as a copy without git history is told it (the tree here may have edits)."""
-    monkeypatch.setenv("ADAHOP_GIT_COMMIT", "a" * 40)
+    monkeypatch.setenv("ADAHOP_GIT_COMMIT", COMMIT)
     monkeypatch.setenv("ADAHOP_GIT_DIRTY", "0")
 
 
@@ -167,9 +177,7 @@ def test_resume_without_a_file_runs_everything(whole):
 
 def test_layer_bench_resumes_too(tmp_path, at_commit, monkeypatch, capsys):
     monkeypatch.syspath_prepend(str(SCRIPT.parent))  # layer_bench imports microbench, as when run as a script
-    spec = importlib.util.spec_from_file_location("layer_bench_script", SCRIPT.with_name("layer_bench.py"))
-    layer_bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(layer_bench)
+    layer_bench = load_script(SCRIPT.with_name("layer_bench.py"))
     out = tmp_path / "layers.json"
     run = ["--profile", "smoke", "--select", "(mxfp4 or iht) and not cached and 128-128", "--out", str(out)]
     assert layer_bench.main(run) == 0
