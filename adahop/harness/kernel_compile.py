@@ -267,9 +267,9 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
     spread over the configs): they multiply the compiles by the number of int arguments.
 
     ``quick``: the first launch of each (kernel, config), the calls' chosen ones first, compiles to
-    the cubin; of the other chosen ones (each call's config), those that bring a kernel a flag value
-    or an argument type that none of its variants lowered so far (:func:`features`) go to PTX,
-    through LLVM's lowering, which is where a flag that type-checks fails to compile; the other
+    the cubin; of the other chosen ones (each call's config), as few as a greedy cover needs to bring
+    each kernel every flag value and argument type (:func:`features`) that its cubin variants lack go
+    to PTX, through LLVM's lowering, which is where a flag that type-checks fails to compile; the other
     chosen ones and configs stop at TTGIR, the "=1" variants at TTIR (their ``stage``; what an int
     turned constexpr breaks, the front end finds). So every flag value and argument type of a
     kernel reaches PTX, every config reaches ptxas at least once, and every variant passes Triton's
@@ -293,10 +293,16 @@ def variants(launches: list[Launch], quick: bool = False) -> list[Variant]:
         seen: dict[str, set[tuple]] = defaultdict(set)
         for v in full:
             seen[v.kernel] |= features(v)
-        for v in map(specialize, chosen):
-            if v not in full and not features(v) <= seen[v.kernel]:
-                lowered.setdefault(v)
-                seen[v.kernel] |= features(v)
+        # Greedy cover: the chosen variant that brings its kernel the most features not lowered yet,
+        # until none brings one (the calls' order breaks ties).
+        rest = [v for v in dict.fromkeys(map(specialize, chosen)) if v not in full]
+        while rest:
+            best = max(rest, key=lambda v: len(features(v) - seen[v.kernel]))
+            if not features(best) - seen[best.kernel]:
+                break
+            lowered.setdefault(best)
+            seen[best.kernel] |= features(best)
+            rest.remove(best)
     out: dict[Variant, None] = {}
     for group, pick in zip(calls.values(), chosen):
         for launch in group:
